@@ -1,0 +1,1 @@
+"""Tiny transformer pipeline stages, the agent process, speculation and the wire format."""

@@ -1,0 +1,226 @@
+"""The wire format: a fixed binary header, per-stage timing stamps, then raw little-endian tensor bytes.
+
+Nothing off the wire is ever unpickled or torch.load()ed: every field is checked against fixed
+bounds and the payload is reinterpreted as a plain array of a known dtype and shape.
+
+Layout (little-endian)::
+
+    header  (HEADER.size bytes)
+      magic b"GRNG" | version u8 | kind u8 | dtype u8 | ndim u8 | stream u32 | lap u64 |
+      pos u32 | flags u32 | shape 4 x u32 | n_stamps u16 | reserved u16 | payload_len u32
+    stamps  (n_stamps x STAMP.size bytes), one per stage the frame has passed, in order
+      stage u16 | reserved u16 | sent_bytes u32 | recv f64 | compute_start f64 | real_end f64 |
+      compute_end f64 | send f64          (seconds on the box's one CLOCK_MONOTONIC)
+    payload (payload_len bytes): the tensor, C order
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import trio
+
+from testbed.errors import LinkBroken, WireError
+
+MAGIC = b"GRNG"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBIQII4IHHI")
+STAMP = struct.Struct("<HHIddddd")
+MAX_NDIM = 4
+MAX_STAMPS = 64
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a 2000-token prefill of a wide model still fits
+MAX_DIM = 1 << 24
+RECEIVE_CHUNK = 256 * 1024
+
+
+class Kind(enum.IntEnum):
+    HIDDEN = 1  # hidden state of a block of positions, travelling the ring
+    PROBE = 2  # empty frame for the link self-check; every stage stamps and forwards it
+    SHUTDOWN = 3  # end of run; every stage forwards it and exits
+
+
+class DType(enum.IntEnum):
+    NONE = 0
+    FLOAT32 = 1
+    FLOAT16 = 2
+
+
+NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2")}
+DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16}
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What one stage did with the frame, on the box's monotonic clock."""
+
+    stage: int
+    recv: float
+    compute_start: float
+    real_end: float  # the real forward pass ended here
+    compute_end: float  # emulated compute (padding) ended here
+    send: float
+    sent_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    stream: int = 0
+    lap: int = 0
+    pos: int = 0  # sequence position of the block's first token: stages roll their KV cache back to it
+    flags: int = 0
+    tensor: np.ndarray | None = None
+    stamps: tuple[Stamp, ...] = field(default_factory=tuple)
+
+    def with_stamp(self, stamp: Stamp, tensor: np.ndarray | None = None) -> "Frame":
+        return replace(self, stamps=self.stamps + (stamp,), tensor=self.tensor if tensor is None else tensor)
+
+    def encoded_size(self, extra_stamps: int = 0) -> int:
+        payload = 0 if self.tensor is None else self.tensor.nbytes
+        return HEADER.size + (len(self.stamps) + extra_stamps) * STAMP.size + payload
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialize a frame; raises WireError for anything the decoder would reject."""
+    tensor = frame.tensor
+    if tensor is None:
+        dtype, shape, payload = DType.NONE, (), b""
+    else:
+        if tensor.dtype not in DTYPE_CODES:
+            raise WireError(f"unsupported dtype {tensor.dtype}; expected one of {sorted(map(str, DTYPE_CODES))}")
+        if tensor.ndim > MAX_NDIM:
+            raise WireError(f"tensor has {tensor.ndim} dims; at most {MAX_NDIM} allowed")
+        dtype = DTYPE_CODES[tensor.dtype]
+        shape = tensor.shape
+        payload = np.ascontiguousarray(tensor, dtype=NUMPY_DTYPES[dtype]).tobytes()
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    if len(frame.stamps) > MAX_STAMPS:
+        raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
+    dims = list(shape) + [0] * (MAX_NDIM - len(shape))
+    parts = [HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
+                         frame.pos, frame.flags, *dims, len(frame.stamps), 0, len(payload))]
+    for s in frame.stamps:
+        parts.append(STAMP.pack(s.stage, 0, s.sent_bytes, s.recv, s.compute_start, s.real_end, s.compute_end, s.send))
+    parts.append(payload)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class _Header:
+    kind: Kind
+    dtype: DType
+    shape: tuple[int, ...]
+    stream: int
+    lap: int
+    pos: int
+    flags: int
+    n_stamps: int
+    payload_len: int
+
+    @property
+    def body_len(self) -> int:
+        return self.n_stamps * STAMP.size + self.payload_len
+
+
+def decode_header(data: bytes | bytearray | memoryview) -> _Header:
+    """Parse and validate a header; every field is checked before anything is allocated."""
+    if len(data) < HEADER.size:
+        raise WireError(f"short header: {len(data)} of {HEADER.size} bytes")
+    (magic, version, kind, dtype, ndim, stream, lap, pos, flags, d0, d1, d2, d3, n_stamps, _reserved,
+     payload_len) = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {magic!r}; expected {MAGIC!r}")
+    if version != VERSION:
+        raise WireError(f"unsupported version {version}; expected {VERSION}")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise WireError(f"unknown frame kind {kind}") from None
+    try:
+        dtype = DType(dtype)
+    except ValueError:
+        raise WireError(f"unknown dtype code {dtype}") from None
+    if ndim > MAX_NDIM:
+        raise WireError(f"ndim {ndim} exceeds {MAX_NDIM}")
+    dims = (d0, d1, d2, d3)
+    if any(dims[ndim:]):
+        raise WireError(f"shape {dims} has non-zero entries past ndim {ndim}")
+    shape = dims[:ndim]
+    if any(d > MAX_DIM for d in shape):
+        raise WireError(f"shape {shape} has a dimension over {MAX_DIM}")
+    if n_stamps > MAX_STAMPS:
+        raise WireError(f"{n_stamps} stamps exceed the limit of {MAX_STAMPS}")
+    if payload_len > MAX_PAYLOAD_BYTES:
+        raise WireError(f"payload length {payload_len} exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    if dtype == DType.NONE:
+        if ndim or payload_len:
+            raise WireError(f"dtype none needs ndim 0 and no payload, got ndim {ndim}, {payload_len} bytes")
+    else:
+        expected = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize if ndim else 0
+        if ndim == 0 or expected != payload_len:
+            raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
+                            f"({expected} bytes)")
+    return _Header(kind, dtype, shape, stream, lap, pos, flags, n_stamps, payload_len)
+
+
+def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
+    if len(body) != header.body_len:
+        raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
+    stamps = []
+    for i in range(header.n_stamps):
+        stage, _r, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(body, i * STAMP.size)
+        stamps.append(Stamp(stage, recv, c0, real_end, c1, send, sent_bytes))
+    tensor = None
+    if header.dtype != DType.NONE:
+        offset = header.n_stamps * STAMP.size
+        # Copy: the array must own its memory (the receive buffer is reused) and be writable for torch.
+        tensor = np.frombuffer(body, dtype=NUMPY_DTYPES[header.dtype], offset=offset).reshape(header.shape).copy()
+    return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, tuple(stamps))
+
+
+def decode(data: bytes) -> Frame:
+    """Decode one whole frame held in memory (tests, tools)."""
+    header = decode_header(data)
+    if len(data) != HEADER.size + header.body_len:
+        raise WireError(f"frame is {len(data)} bytes; header says {HEADER.size + header.body_len}")
+    return decode_body(header, memoryview(data)[HEADER.size:])
+
+
+class FrameReader:
+    """Reads whole frames from a Trio byte stream, with a bounded buffer."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def _fill(self, size: int) -> bool:
+        while len(self._buffer) < size:
+            try:
+                chunk = await self._stream.receive_some(RECEIVE_CHUNK)
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
+            if not chunk:
+                if self._buffer:
+                    raise LinkBroken(f"connection closed mid-frame ({len(self._buffer)} of {size} bytes)")
+                return False
+            self._buffer += chunk
+        return True
+
+    async def read(self) -> tuple[Frame, float] | None:
+        """The next frame and the monotonic time it was complete, or None at a clean end of stream."""
+        if not await self._fill(HEADER.size):
+            return None
+        header = decode_header(self._buffer)
+        total = HEADER.size + header.body_len
+        if not await self._fill(total):
+            raise LinkBroken("connection closed mid-frame")
+        received_at = time.monotonic()
+        body = bytes(self._buffer[HEADER.size:total])  # a copy: the buffer is resized below
+        del self._buffer[:total]
+        frame = decode_body(header, body)
+        return frame, received_at

@@ -1,0 +1,1 @@
+"""Live terminal dashboard, Grafana dashboard and Prometheus scrape config."""

@@ -1,0 +1,1 @@
+"""The network shaping layer: kernel netem (pyroute2) and the userspace relay."""

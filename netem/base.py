@@ -1,0 +1,85 @@
+"""The shaper interface: directed links in, peer addresses out, guaranteed teardown."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One directed link src -> dst of the emulated WAN.
+
+    Any latency matrix is a set of these; a ring is the special case dst = (src + 1) % N.
+    """
+
+    src: int
+    dst: int
+    delay_ms: float
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    rate_mbit: float = 0.0  # 0 means unlimited
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+class Shaper(abc.ABC):
+    """A backend that places agents on an emulated network.
+
+    Life cycle, driven by the launcher::
+
+        async with shaper:                       # __aenter__ -> setup(); __aexit__ -> aclose()
+            prefix = shaper.agent_command_prefix(stage)    # how to start agent `stage`
+            host   = shaper.agent_listen_host(stage)       # where agent `stage` binds (port 0 is fine)
+            ...agents start and report their bound (host, port)...
+            peers  = await shaper.connect(listen)          # {(src, dst): address src dials to reach dst}
+
+    aclose() must remove everything the backend created, on every exit path, and be idempotent.
+    """
+
+    name: str = "abstract"
+    reason: str = ""  # why this backend was chosen (printed by the launcher)
+
+    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str) -> None:
+        self.links = list(links)
+        self.n_stages = n_stages
+        self.run_id = run_id
+
+    async def setup(self) -> None:
+        """Create whatever must exist before agents start (namespaces, veths, qdiscs)."""
+
+    def agent_command_prefix(self, stage: int) -> list[str]:
+        """argv prefix that runs a command where agent `stage` lives (e.g. inside its namespace)."""
+        return []
+
+    def agent_listen_host(self, stage: int) -> str:
+        """The host address agent `stage` should bind its listener to."""
+        return "127.0.0.1"
+
+    @abc.abstractmethod
+    async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
+        """Given each agent's bound listener, return the address `src` dials to reach `dst` over the link."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Tear everything down. Idempotent; must not raise for things already gone."""
+
+    def describe(self) -> dict:
+        """Facts for the JSON summary (backend-specific extras welcome)."""
+        return {"backend": self.name, "reason": self.reason}
+
+    async def __aenter__(self) -> "Shaper":
+        try:
+            await self.setup()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()

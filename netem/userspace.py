@@ -1,0 +1,273 @@
+"""Userspace shaping backend: a Trio relay per directed link (delay, jitter, rate, loss), no root needed.
+
+Each directed link src -> dst is a TCP listener on 127.0.0.1 in a separate relay process; src dials
+it and the relay dials dst. Bytes flowing src -> dst are shaped; the reverse direction (unused by the
+ring protocol) passes straight through.
+
+Timing of a chunk of n bytes arriving at time t (all stamped at arrival)::
+
+    start     = max(t, next_free)                   serialization at W bytes/s, a next-free clock
+    next_free = start + n / W                       (separate from propagation: many chunks in flight)
+    deadline  = next_free + delay + jitter          jitter ~ Normal(0, jitter_ms), seeded, delay+jitter >= 0
+    deadline += rto      with probability loss      loss on a reliable transport = a retransmission
+                                                    timeout (TCP's minimum RTO, 200 ms by default)
+    deadline  = max(deadline, previous deadline)    FIFO: a byte stream is never reordered
+
+The relay sleeps until deadline - SPIN_MARGIN_S and spins on checkpoints to the deadline (Trio's
+timers are up to ~1.3 ms late here), then forwards the chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import trio
+
+from netem.base import Address, LinkSpec, Shaper
+from testbed import clock
+from testbed.errors import ShapingError
+
+RELAY_CHUNK = 256 * 1024
+QUEUE_CHUNKS = 1024  # chunks in flight per link before the relay stops reading (TCP backpressure)
+CONNECT_TIMEOUT_S = 10.0
+STARTUP_TIMEOUT_S = 20.0
+STOP_GRACE_S = 1.0
+DEFAULT_RTO_MS = 200.0
+
+
+@dataclass
+class LinkTiming:
+    """Pure release-deadline arithmetic for one directed link (see the module docstring)."""
+
+    delay_s: float
+    jitter_s: float = 0.0
+    loss: float = 0.0  # probability a chunk needs a retransmission
+    rate_bytes_s: float = math.inf
+    rto_s: float = DEFAULT_RTO_MS / 1e3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.delay_s < 0 or self.jitter_s < 0 or not 0 <= self.loss <= 1 or self.rate_bytes_s <= 0:
+            raise ShapingError(f"invalid link timing {self}")
+        self._rng = random.Random(self.seed)
+        self._next_free = -math.inf
+        self._last_deadline = -math.inf
+
+    @classmethod
+    def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS) -> "LinkTiming":
+        rate = link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf
+        return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed)
+
+    def deadline(self, arrival: float, n_bytes: int) -> float:
+        start = max(arrival, self._next_free)
+        self._next_free = start + n_bytes / self.rate_bytes_s
+        propagation = self.delay_s
+        if self.jitter_s:
+            propagation = max(0.0, propagation + self._rng.gauss(0.0, self.jitter_s))
+        deadline = self._next_free + propagation
+        if self.loss and self._rng.random() < self.loss:
+            deadline += self.rto_s
+        deadline = max(deadline, self._last_deadline)
+        self._last_deadline = deadline
+        return deadline
+
+
+@dataclass(frozen=True)
+class RelayClock:
+    """Where the relay reads time and waits: the box's monotonic clock (real runs) or Trio's (MockClock tests)."""
+
+    now: Callable[[], float]
+    sleep_until: Callable[[float], Awaitable[None]]
+
+
+MONOTONIC = RelayClock(clock.now, clock.sleep_until)
+TRIO_CLOCK = RelayClock(trio.current_time, trio.sleep_until)
+
+
+async def _close_direction(stream: trio.abc.SendStream) -> None:
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        try:
+            await stream.send_eof()
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await trio.aclose_forcefully(stream)
+
+
+async def _shaped_pump(src: trio.abc.ReceiveStream, dst: trio.abc.SendStream, timing: LinkTiming,
+                       clk: RelayClock) -> None:
+    send_channel, receive_channel = trio.open_memory_channel[tuple[float, bytes]](QUEUE_CHUNKS)
+
+    async def receiver() -> None:
+        async with send_channel:
+            while True:
+                chunk = await src.receive_some(RELAY_CHUNK)
+                if not chunk:
+                    return
+                await send_channel.send((timing.deadline(clk.now(), len(chunk)), chunk))
+
+    async def sender() -> None:
+        async with receive_channel:
+            async for deadline, chunk in receive_channel:
+                await clk.sleep_until(deadline)
+                await dst.send_all(chunk)
+        await _close_direction(dst)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        nursery.start_soon(sender)
+
+
+async def _plain_pump(src: trio.abc.ReceiveStream, dst: trio.abc.SendStream) -> None:
+    while chunk := await src.receive_some(RELAY_CHUNK):
+        await dst.send_all(chunk)
+    await _close_direction(dst)
+
+
+async def relay(upstream: trio.abc.Stream, downstream: trio.abc.Stream, timing: LinkTiming,
+                clk: RelayClock = MONOTONIC) -> None:
+    """Shape upstream -> downstream with `timing`; pass downstream -> upstream through. Closes both at the end.
+
+    A failure on either side (peer gone) closes both streams, so each peer sees the link break.
+    """
+    try:
+        async with trio.open_nursery() as nursery:
+            async def guarded(pump: Awaitable[None]) -> None:
+                try:
+                    await pump
+                except* (trio.BrokenResourceError, trio.ClosedResourceError):
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(guarded, _shaped_pump(upstream, downstream, timing, clk))
+            nursery.start_soon(guarded, _plain_pump(downstream, upstream))
+    finally:
+        await trio.aclose_forcefully(upstream)
+        await trio.aclose_forcefully(downstream)
+
+
+async def serve_link(link: LinkSpec, target: Address, rto_ms: float, *,
+                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on 127.0.0.1:0 for link.src; relay each connection to `target`. Reports the bound port."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def handle(upstream: trio.SocketStream) -> None:
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                downstream = await trio.open_tcp_stream(*target)
+        except (OSError, trio.TooSlowError) as exc:
+            print(f"relay {link.name}: cannot reach {target}: {exc}", file=sys.stderr, flush=True)
+            await trio.aclose_forcefully(upstream)
+            return
+        for stream in (upstream, downstream):
+            stream.setsockopt(6, 1, 1)  # TCP_NODELAY: frames must not wait for Nagle
+        await relay(upstream, downstream, LinkTiming.from_spec(link, rto_ms))
+
+    async with trio.open_nursery() as nursery:
+        task_status.started(port)
+        await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+
+
+async def relay_process_main() -> None:
+    """Relay process: one JSON request on stdin, one JSON answer on stdout, then serve until stdin closes."""
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    line = b""
+    with trio.fail_after(STARTUP_TIMEOUT_S):
+        while not line.endswith(b"\n"):
+            chunk = await stdin.receive_some(65536)
+            if not chunk:
+                return
+            line += chunk
+    request = json.loads(line)
+    rto_ms = float(request.get("rto_ms", DEFAULT_RTO_MS))
+    async with trio.open_nursery() as nursery:
+        ports = {}
+        for item in request["links"]:
+            link = LinkSpec(**item["link"])
+            ports[link.name] = await nursery.start(serve_link, link, tuple(item["target"]), rto_ms)
+        sys.stdout.write(json.dumps({"ports": ports}) + "\n")
+        sys.stdout.flush()
+        # The launcher closes our stdin (or dies) when the run ends.
+        while await stdin.receive_some(65536):
+            pass
+        nursery.cancel_scope.cancel()
+
+
+class UserspaceShaper(Shaper):
+    """Shapes every directed link with a relay in one supervised child process."""
+
+    name = "userspace"
+
+    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str, rto_ms: float = DEFAULT_RTO_MS) -> None:
+        super().__init__(links, n_stages, run_id)
+        self.rto_ms = rto_ms
+        self.reason = self.reason or "userspace relay requested"
+        self._process: trio.Process | None = None
+
+    async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
+        if not self.links:
+            return {}
+        request = {"rto_ms": self.rto_ms,
+                   "links": [{"link": vars(link), "target": list(listen[link.dst])} for link in self.links]}
+        self._process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            process_group=0)  # own process group: Ctrl-C reaches the launcher only, which stops us
+        assert self._process.stdin is not None and self._process.stdout is not None
+        await self._process.stdin.send_all(json.dumps(request).encode() + b"\n")
+        answer = b""
+        try:
+            with trio.fail_after(STARTUP_TIMEOUT_S):
+                while not answer.endswith(b"\n"):
+                    chunk = await self._process.stdout.receive_some(65536)
+                    if not chunk:
+                        raise ShapingError(f"relay process exited during setup (status {await self._process.wait()})")
+                    answer += chunk
+        except trio.TooSlowError as exc:
+            raise ShapingError(f"relay process did not start within {STARTUP_TIMEOUT_S} s") from exc
+        ports = json.loads(answer)["ports"]
+        return {(link.src, link.dst): ("127.0.0.1", ports[link.name]) for link in self.links}
+
+    def check_alive(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            raise ShapingError(f"relay process exited with status {self._process.returncode}")
+
+    async def aclose(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with trio.CancelScope(shield=True):
+            await stop_process(process, STOP_GRACE_S)
+
+
+async def stop_process(process: trio.Process, grace_s: float) -> None:
+    """Close stdin, then SIGTERM, then SIGKILL: a child is always reaped within ~2 x grace_s."""
+    if process.stdin is not None:
+        await trio.aclose_forcefully(process.stdin)
+    with trio.move_on_after(grace_s / 2):
+        await process.wait()
+    if process.poll() is None:
+        process.terminate()
+        with trio.move_on_after(grace_s):
+            await process.wait()
+    if process.poll() is None:
+        process.kill()
+        await process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            await trio.aclose_forcefully(pipe)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trio.run(relay_process_main)
+    except BrokenPipeError:
+        pass

@@ -1,0 +1,21 @@
+"""geo-ring testbed: scenarios, launcher, physics, metrics and CLI."""
+
+from testbed.errors import (
+    AgentFailed,
+    ConfigError,
+    LinkBroken,
+    PeerTimeout,
+    ShapingError,
+    TestbedError,
+    WireError,
+)
+
+__all__ = [
+    "AgentFailed",
+    "ConfigError",
+    "LinkBroken",
+    "PeerTimeout",
+    "ShapingError",
+    "TestbedError",
+    "WireError",
+]

@@ -1,0 +1,185 @@
+"""Command line: python -m testbed {run,bench,sweep,report,clean,scenarios}."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import trio
+from prometheus_client import CollectorRegistry
+from rich.console import Console
+
+from testbed.config import Scenario, builtin_names, load_scenario
+from testbed.errors import ConfigError, TestbedError
+
+DEFAULT_METRICS_PORT = 9464
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help=f"built-in name ({', '.join(builtin_names())}) or a TOML file")
+    parser.add_argument("--shaper", choices=("auto", "netem", "userspace"), default="auto",
+                        help="network shaping backend (default: auto = netem where the kernel has it)")
+    parser.add_argument("--tokens", type=int, help="tokens to generate (overrides decode.tokens)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    overrides = list(args.overrides)
+    if args.tokens is not None:
+        overrides.append(f"decode.tokens={args.tokens}")
+    return load_scenario(args.scenario, overrides)
+
+
+def ensure_models(console: Console) -> dict:
+    from agents.train import META_FILE, ensure_trained, resolve_cache_dir
+
+    if not (resolve_cache_dir() / META_FILE).exists():
+        console.print("[bold]Training the tiny target and draft models (first use only, ~2-3 min on 2 cores)...")
+    report = ensure_trained()
+    return report
+
+
+async def _run_live(scenario: Scenario, shaper_kind: str, metrics_port: int, console: Console,
+                    dashboard: bool, verbose: bool) -> dict:
+    from netem.select import choose_shaper
+    from testbed.laps import RunStats
+    from testbed.launcher import Launcher, new_run_id
+    from testbed.metrics import create_metrics, serve
+
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry, [s.name for s in scenario.stages], [l.name for l in scenario.ring])
+    try:
+        host, port = serve(registry, metrics_port)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc.strerror}; "
+                          f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
+    url = f"http://{host}:{port}/metrics"
+    console.print(f"Prometheus metrics: [bold]{url}[/bold]")
+    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
+    if hasattr(shaper, "rto_ms"):
+        shaper.rto_ms = scenario.loss_rto_ms
+    console.print(f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
+    stats = RunStats(scenario, metrics=metrics, metrics_url=url)
+    launcher = Launcher(scenario, shaper, stats, log=lambda m: console.print(m, markup=False, highlight=False),
+                        echo_agent_stderr=verbose)
+    if not dashboard:
+        return await launcher.run()
+    from dashboards.live import run_dashboard
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_dashboard(stats.snapshot, console=console,
+                                                              task_status=task_status))
+        try:
+            return await launcher.run()
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def print_summary(console: Console, summaries: list[dict]) -> None:
+    try:
+        from dashboards.live import render_summary
+
+        console.print(render_summary(summaries))
+    except ImportError:
+        for s in summaries:
+            console.print(json.dumps({k: s[k] for k in ("scenario", "measured_tok_s", "predicted_tok_s")}))
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    scenario = scenario_from_args(args)
+    ensure_models(console)
+    summary = trio.run(_run_live, scenario, args.shaper, args.metrics_port, console, not args.no_dashboard,
+                       args.verbose)
+    print_summary(console, [summary])
+    if args.json:
+        write_json(Path(args.json), summary)
+        console.print(f"JSON summary: {args.json}")
+    return 0
+
+
+def write_json(path: Path, summary: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def cmd_clean(args: argparse.Namespace, console: Console) -> int:
+    from netem.clean import clean
+
+    removed = clean(args.prefix)
+    console.print("removed: " + (", ".join(removed) if removed else "nothing (no leftovers)"))
+    return 0
+
+
+def cmd_scenarios(args: argparse.Namespace, console: Console) -> int:
+    for name in builtin_names():
+        sc = load_scenario(name)
+        console.print(f"{name:24s} {sc.n_stages} stages, T_ring {sc.t_ring_s * 1e3:7.1f} ms  {sc.description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one scenario with a live dashboard and print measured vs predicted")
+    add_run_options(run)
+    run.add_argument("--json", help="write the JSON summary here")
+    run.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                     help=f"Prometheus exporter port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}; 0 = any free)")
+    run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")
+    run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
+    run.set_defaults(func=cmd_run)
+
+    bench = sub.add_parser("bench", help="print relay precision, per-hop overhead and Table 2 fidelity")
+    bench.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
+    bench.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
+    bench.add_argument("--json", help="write the figures here")
+    bench.set_defaults(func=lambda a, c: __import__("testbed.bench", fromlist=["main"]).main(a, c))
+
+    sweep = sub.add_parser("sweep", help="speculative K sweep: measured vs predicted rate per K, and K*")
+    add_run_options(sweep)
+    sweep.add_argument("--k", default="1..16", help="K values: 1..24 or 2,4,8")
+    sweep.add_argument("--alpha", help="calibrated-draft acceptance rates to sweep, e.g. 0.6,0.7,0.8,0.9")
+    sweep.add_argument("--json", help="write all results here")
+    sweep.set_defaults(func=lambda a, c: __import__("testbed.sweep", fromlist=["main"]).main(a, c))
+
+    report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
+    report.add_argument("rest", nargs=argparse.REMAINDER)
+    report.set_defaults(func=lambda a, c: __import__("testbed.report", fromlist=["main"]).main(a.rest))
+
+    clean = sub.add_parser("clean", help="remove namespaces/links a killed run left behind (testbed prefix only)")
+    clean.add_argument("--prefix", default="gr")
+    clean.set_defaults(func=cmd_clean)
+
+    scenarios = sub.add_parser("scenarios", help="list the built-in scenarios")
+    scenarios.set_defaults(func=cmd_scenarios)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        return args.func(args, console)
+    except BaseException as exc:  # noqa: BLE001 - sorted into our own errors below, anything else re-raised
+        leaves = list(_leaves(exc))
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            console.print("[bold]interrupted[/bold]: agents and shaping torn down")
+            return 130
+        if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
+            raise
+        for e in leaves:
+            console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2 if all(isinstance(e, ConfigError) for e in leaves) else 1
+
+
+def _leaves(exc: BaseException):
+    """The individual errors inside (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc

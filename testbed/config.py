@@ -1,0 +1,306 @@
+"""Scenarios: frozen dataclasses loaded from TOML, checked where they are built, with --set overrides."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from netem.base import LinkSpec
+from testbed.errors import ConfigError
+
+SCENARIO_PACKAGE = "testbed.scenarios"
+DECODE_MODES = ("plain", "speculative")
+DRAFT_KINDS = ("trained", "calibrated")
+MAX_STAGES = 16
+MAX_TOKENS = 100_000
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    name: str
+    compute_ms: float = 0.0  # emulated per-lap compute; 0 = the real forward pass only
+    layers: int | None = None  # target layers on this stage; None = split evenly
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    mode: str = "plain"
+    tokens: int = 32
+    prompt: str = "def main():\n    "
+    temperature: float = 0.0
+    seed: int = 0
+    k: int | str = 4  # an int, or "auto"
+    k_max: int = 24
+    draft: str = "trained"
+    alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
+    draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
+    streams: int = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    source: str
+    description: str
+    stages: tuple[StageConfig, ...]
+    links: tuple[LinkSpec, ...]  # every directed link; the ring hops come first, in stage order
+    decode: DecodeConfig
+    loss_rto_ms: float = 200.0
+    model: str = "target"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def ring(self) -> tuple[LinkSpec, ...]:
+        """Hop i is stage i -> stage (i + 1) % N; empty for a single stage."""
+        if self.n_stages == 1:
+            return ()
+        return self.links[: self.n_stages]
+
+    @property
+    def t_ring_s(self) -> float:
+        return sum(link.delay_ms for link in self.ring) / 1e3
+
+    @property
+    def emulated_compute_s(self) -> float:
+        return sum(stage.compute_ms for stage in self.stages) / 1e3
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale"}
+_STAGE_KEYS = {"name", "compute_ms", "layers"}
+_NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
+_LINK_KEYS = {"src", "dst", "delay_ms", "jitter_ms", "loss_pct", "rate_mbit"}
+_DECODE_KEYS = set(DecodeConfig.__dataclass_fields__)
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files(SCENARIO_PACKAGE).iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scenario:
+    """Load a built-in scenario by name, or a TOML file by path, then apply KEY=VALUE overrides."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        source = str(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read scenario file: {exc.strerror}", source=source) from exc
+    else:
+        if name_or_path not in builtin_names():
+            raise ConfigError(f"no built-in scenario {name_or_path!r} and no such file; built-ins: "
+                              f"{', '.join(builtin_names())}")
+        source = f"<built-in {name_or_path}>"
+        text = resources.files(SCENARIO_PACKAGE).joinpath(f"{name_or_path}.toml").read_text()
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
+    for item in overrides or []:
+        apply_override(raw, item, source)
+    return scenario_from_dict(raw, source)
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: a TOML value if it parses as one (5, 1.5, true, [1, 2], "x"), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict, item: str, source: str) -> None:
+    """Apply `a.b.c=value` to the raw TOML dict; list indexes are numbers, `*` means every element."""
+    key, sep, value_text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}", source="--set")
+    value = parse_value(value_text)
+    parts = key.split(".")
+
+    def assign(node: Any, rest: list[str], walked: str) -> None:
+        head = rest[0]
+        here = f"{walked}.{head}" if walked else head
+        if isinstance(node, list):
+            if head == "*":
+                targets = range(len(node))
+            elif head.isdigit() and int(head) < len(node):
+                targets = [int(head)]
+            else:
+                raise ConfigError(f"index {head!r} out of range (list of {len(node)})", source="--set", key=here)
+            for i in targets:
+                if len(rest) == 1:
+                    node[i] = value
+                else:
+                    assign(node[i], rest[1:], here)
+            return
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set inside a {type(node).__name__}", source="--set", key=here)
+        if len(rest) == 1:
+            node[head] = value
+        else:
+            assign(node.setdefault(head, {}), rest[1:], here)
+
+    assign(raw, parts, "")
+
+
+def _check_keys(table: dict, allowed: set[str], source: str, where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"unknown key; expected one of {', '.join(sorted(allowed))}", source=source,
+                              key=f"{where}.{key}" if where else key)
+
+
+def _number(table: dict, key: str, default: float, source: str, where: str, *, minimum: float = 0.0,
+            maximum: float | None = None, integer: bool = False) -> Any:
+    value = table.get(key, default)
+    full = f"{where}.{key}" if where else key
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"expected {kind}, got {value!r}", source=source, key=full)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=full)
+    return int(value) if integer else float(value)
+
+
+def _string(table: dict, key: str, default: str, source: str, where: str, choices: tuple[str, ...] = ()) -> str:
+    value = table.get(key, default)
+    full = f"{where}.{key}" if where else key
+    if not isinstance(value, str):
+        raise ConfigError(f"expected a string, got {value!r}", source=source, key=full)
+    if choices and value not in choices:
+        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=full)
+    return value
+
+
+def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
+    """Validate a raw TOML dict into a Scenario; every error names the source, the key and the expectation."""
+    raw = copy.deepcopy(raw)
+    _check_keys(raw, _TOP_KEYS, source, "")
+    name = _string(raw, "name", Path(source).stem if source.endswith(".toml") else "scenario", source, "")
+    description = _string(raw, "description", "", source, "")
+    model = _string(raw, "model", "target", source, "", ("target", "draft"))
+    scale = _number(raw, "scale", 1.0, source, "", minimum=1e-6)
+
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ConfigError("expected a non-empty array of [[stages]] tables", source=source, key="stages")
+    if len(stages_raw) > MAX_STAGES:
+        raise ConfigError(f"expected at most {MAX_STAGES} stages, got {len(stages_raw)}", source=source, key="stages")
+    stages = []
+    for i, st in enumerate(stages_raw):
+        where = f"stages[{i}]"
+        if not isinstance(st, dict):
+            raise ConfigError("expected a table", source=source, key=where)
+        _check_keys(st, _STAGE_KEYS, source, where)
+        layers = st.get("layers")
+        if layers is not None:
+            layers = _number(st, "layers", 1, source, where, minimum=1, integer=True)
+        stages.append(StageConfig(
+            name=_string(st, "name", f"stage{i}", source, where),
+            compute_ms=_number(st, "compute_ms", 0.0, source, where, maximum=60_000) * scale,
+            layers=layers,
+        ))
+    if len({s.name for s in stages}) != len(stages):
+        raise ConfigError("stage names must be unique", source=source, key="stages")
+
+    net = raw.get("network", {})
+    if not isinstance(net, dict):
+        raise ConfigError("expected a table", source=source, key="network")
+    _check_keys(net, _NETWORK_KEYS, source, "network")
+    n = len(stages)
+    hops = net.get("hops_ms", [0.0] * n if n > 1 else [])
+    if not isinstance(hops, list):
+        raise ConfigError("expected an array of one-way delays in ms", source=source, key="network.hops_ms")
+    expected_hops = n if n > 1 else 0
+    if len(hops) != expected_hops:
+        raise ConfigError(f"expected {expected_hops} ring hop delays (one per stage, stage i -> i+1, the last "
+                          f"closing the ring), got {len(hops)}", source=source, key="network.hops_ms")
+    jitter = _number(net, "jitter_ms", 0.0, source, "network", maximum=10_000)
+    loss = _number(net, "loss_pct", 0.0, source, "network", maximum=100)
+    rate = _number(net, "rate_mbit", 0.0, source, "network", maximum=100_000)
+    seed = _number(net, "seed", 0, source, "network", integer=True)
+    loss_rto_ms = _number(net, "loss_rto_ms", 200.0, source, "network", minimum=1.0, maximum=60_000) * scale
+    links: list[LinkSpec] = []
+    for i, delay in enumerate(hops):
+        delay = _number({f"hops_ms[{i}]": delay}, f"hops_ms[{i}]", 0, source, "network", maximum=60_000)
+        links.append(LinkSpec(i, (i + 1) % n, delay * scale, jitter * scale, loss, rate, seed + i))
+    extra = net.get("links", [])
+    if not isinstance(extra, list):
+        raise ConfigError("expected an array of [[network.links]] tables", source=source, key="network.links")
+    seen = {(link.src, link.dst) for link in links}
+    for j, lk in enumerate(extra):
+        where = f"network.links[{j}]"
+        if not isinstance(lk, dict):
+            raise ConfigError("expected a table", source=source, key=where)
+        _check_keys(lk, _LINK_KEYS, source, where)
+        src = _number(lk, "src", -1, source, where, maximum=n - 1, integer=True)
+        dst = _number(lk, "dst", -1, source, where, maximum=n - 1, integer=True)
+        if src == dst:
+            raise ConfigError("a link needs two different stages", source=source, key=where)
+        if (src, dst) in seen:
+            raise ConfigError(f"link {src}->{dst} is already defined (ring hops come from network.hops_ms)",
+                              source=source, key=where)
+        seen.add((src, dst))
+        links.append(LinkSpec(src, dst, _number(lk, "delay_ms", 0.0, source, where, maximum=60_000) * scale,
+                              _number(lk, "jitter_ms", jitter, source, where) * scale,
+                              _number(lk, "loss_pct", loss, source, where, maximum=100),
+                              _number(lk, "rate_mbit", rate, source, where), seed + len(links)))
+
+    dec = raw.get("decode", {})
+    if not isinstance(dec, dict):
+        raise ConfigError("expected a table", source=source, key="decode")
+    _check_keys(dec, _DECODE_KEYS, source, "decode")
+    k = dec.get("k", 4)
+    if k != "auto":
+        k = _number(dec, "k", 4, source, "decode", minimum=1, maximum=64, integer=True)
+    prompt = _string(dec, "prompt", DecodeConfig.prompt, source, "decode")
+    if not prompt:
+        raise ConfigError("expected a non-empty prompt", source=source, key="decode.prompt")
+    decode = DecodeConfig(
+        mode=_string(dec, "mode", "plain", source, "decode", DECODE_MODES),
+        tokens=_number(dec, "tokens", 32, source, "decode", minimum=1, maximum=MAX_TOKENS, integer=True),
+        prompt=prompt,
+        temperature=_number(dec, "temperature", 0.0, source, "decode", maximum=100),
+        seed=_number(dec, "seed", 0, source, "decode", integer=True),
+        k=k,
+        k_max=_number(dec, "k_max", 24, source, "decode", minimum=1, maximum=64, integer=True),
+        draft=_string(dec, "draft", "trained", source, "decode", DRAFT_KINDS),
+        alpha=_number(dec, "alpha", 0.8, source, "decode", maximum=1.0),
+        draft_ms=_number(dec, "draft_ms", 0.0, source, "decode", maximum=60_000) * scale,
+        streams=_number(dec, "streams", 1, source, "decode", minimum=1, maximum=64, integer=True),
+    )
+    return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
+                    decode=decode, loss_rto_ms=loss_rto_ms, model=model)
+
+
+def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:
+    """Each stage's [first, last) target layers: explicit `layers` where given, the rest split evenly."""
+    n = len(stages)
+    if n > n_layers:
+        raise ConfigError(f"{n} stages but the model has only {n_layers} layers; every stage needs at least one",
+                          source=source, key="stages")
+    fixed = sum(s.layers for s in stages if s.layers is not None)
+    free = [i for i, s in enumerate(stages) if s.layers is None]
+    remaining = n_layers - fixed
+    if remaining < len(free) or (not free and remaining != 0):
+        raise ConfigError(f"stage layers add up to {fixed} (+{len(free)} stages to fill) but the model has "
+                          f"{n_layers} layers", source=source, key="stages.layers")
+    counts = [s.layers or 0 for s in stages]
+    for j, i in enumerate(free):
+        counts[i] = remaining // len(free) + (1 if j < remaining % len(free) else 0)
+    ranges, first = [], 0
+    for c in counts:
+        ranges.append((first, first + c))
+        first += c
+    return ranges

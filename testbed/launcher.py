@@ -1,0 +1,243 @@
+"""The launcher: shaper + one supervised agent process per stage, lap records in, summary out."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import trio
+
+from netem.base import Shaper
+from netem.userspace import stop_process
+from testbed.config import Scenario, split_layers
+from testbed.errors import AgentFailed, PeerTimeout, TestbedError
+from testbed.laps import RunStats
+
+STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
+READY_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 10.0
+STOP_GRACE_S = 0.8  # Ctrl-C / failure: every child is gone within ~2 x this
+STDERR_TAIL_LINES = 40
+
+
+@dataclass
+class AgentHandle:
+    stage: int
+    name: str
+    process: trio.Process
+    control: trio.lowlevel.FdStream
+    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES))
+    finished: bool = False  # it was told to finish (normal end): exiting is expected
+
+    def cause(self, default: str) -> str:
+        lines = [line for line in self.stderr_tail if line.strip()]
+        return f"{default}; last output: {lines[-1].strip()}" if lines else default
+
+
+async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
+    buffer = b""
+    try:
+        while chunk := await stream.receive_some(65536):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                on_line(line.decode("utf-8", "replace"))
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+
+
+class Launcher:
+    """Runs one scenario. `stats` is live while `run()` is in progress (the dashboard reads it)."""
+
+    def __init__(self, scenario: Scenario, shaper: Shaper, stats: RunStats, *, log: Callable[[str], None] | None = None,
+                 echo_agent_stderr: bool = False) -> None:
+        self.scenario = scenario
+        self.shaper = shaper
+        self.stats = stats
+        self.log = log or (lambda message: print(message, file=sys.stderr))
+        self.echo_agent_stderr = echo_agent_stderr
+        self.agents: list[AgentHandle] = []
+        self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
+
+    def agent_specs(self, n_layers: int) -> list[dict]:
+        sc = self.scenario
+        ranges = split_layers(n_layers, sc.stages, sc.source)
+        return [{"stage": i, "n_stages": sc.n_stages, "name": st.name, "first_layer": first, "last_layer": last,
+                 "compute_ms": st.compute_ms, "model": sc.model, "listen_host": self.shaper.agent_listen_host(i),
+                 "decode": asdict(sc.decode), "hop_delays_ms": [l.delay_ms for l in sc.ring]}
+                for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
+
+    async def _start_agent(self, nursery: trio.Nursery, spec: dict) -> AgentHandle:
+        read_fd, write_fd = os.pipe()
+        argv = self.shaper.agent_command_prefix(spec["stage"]) + [
+            sys.executable, "-m", "agents.agent", "--spec", json.dumps(spec), "--control-fd", str(write_fd)]
+        try:
+            process = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
+                process_group=0)  # Ctrl-C reaches the launcher only; it stops the agents itself
+        except OSError as exc:
+            os.close(read_fd)
+            raise AgentFailed(spec["name"], f"cannot start: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        handle = AgentHandle(spec["stage"], spec["name"], process, trio.lowlevel.FdStream(read_fd))
+        self.agents.append(handle)
+
+        def on_control(line: str) -> None:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                handle.stderr_tail.append(f"(bad control line) {line}")
+                return
+            self.events_send.send_nowait((handle.stage, event))
+
+        def on_stderr(line: str) -> None:
+            handle.stderr_tail.append(line)
+            if self.echo_agent_stderr:
+                self.log(line)
+
+        async def supervise() -> None:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(_read_lines, handle.control, on_control)
+                inner.start_soon(_read_lines, process.stderr, on_stderr)
+                status = await process.wait()
+            if not handle.finished or status != 0:
+                await self.events_send.send((handle.stage, {"event": "exit", "status": status}))
+
+        nursery.start_soon(supervise)
+        return handle
+
+    async def _expect(self, event_name: str, stages: set[int], timeout_s: float) -> dict[int, dict]:
+        """Wait for `event_name` from every stage in `stages`; anything fatal on the way raises AgentFailed."""
+        got: dict[int, dict] = {}
+        try:
+            with trio.fail_after(timeout_s):
+                while set(got) != stages:
+                    stage, event = await self.events.receive()
+                    self._check_fatal(stage, event)
+                    if event["event"] == event_name:
+                        got[stage] = event
+                    else:
+                        self._handle(stage, event)
+        except trio.TooSlowError as exc:
+            missing = ", ".join(self.agents[s].name for s in sorted(stages - set(got)))
+            raise PeerTimeout(f"agents {missing} did not report '{event_name}' within {timeout_s:.0f} s") from exc
+        return got
+
+    def _check_fatal(self, stage: int, event: dict) -> None:
+        handle = self.agents[stage]
+        if event["event"] == "error":
+            raise AgentFailed(f"{stage} ({handle.name})", event.get("message", "unknown error"))
+        if event["event"] == "exit":
+            status = event["status"]
+            how = f"killed by signal {-status}" if status < 0 else f"exited with status {status}"
+            raise AgentFailed(f"{stage} ({handle.name})", handle.cause(how))
+
+    def _handle(self, stage: int, event: dict) -> bool:
+        """Apply a run-time event; True when the run is complete."""
+        kind = event["event"]
+        if kind == "lap":
+            self.stats.add_lap(event)
+        elif kind == "probe":
+            self.stats.add_probe(event)
+        elif kind == "phase":
+            self.stats.phase = event["phase"]
+        elif kind == "done":
+            self.stats.extra["generated_tokens"] = event.get("tokens")
+            return True
+        return False
+
+    async def run(self) -> dict:
+        """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
+        from agents.model import GPTConfig  # noqa: F401  (fail early if the model code is broken)
+        from agents.train import TARGET_CONFIG
+
+        sc = self.scenario
+        specs = self.agent_specs(TARGET_CONFIG.n_layer)
+        self.stats.shaper, self.stats.shaper_reason = self.shaper.name, self.shaper.reason
+        self.stats.init_metrics()
+        try:
+            async with self.shaper:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        await self._run_agents(nursery, specs)
+                    finally:
+                        await self._stop_agents()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop_agents()
+        self.stats.phase = "done"
+        return self.stats.snapshot()
+
+    async def _run_agents(self, nursery: trio.Nursery, specs: list[dict]) -> None:
+        sc = self.scenario
+        self.stats.phase = "starting agents"
+        for spec in specs:
+            await self._start_agent(nursery, spec)
+        everyone = set(range(sc.n_stages))
+        listening = await self._expect("listening", everyone, STARTUP_TIMEOUT_S)
+        host_of = {i: ("127.0.0.1" if specs[i]["listen_host"] in ("0.0.0.0", "") else specs[i]["listen_host"])
+                   for i in everyone}
+        listen = {i: (host_of[i], listening[i]["port"]) for i in everyone}
+        self.stats.phase = "connecting"
+        peers = await self.shaper.connect(listen)
+        for handle in self.agents:
+            nxt = peers.get((handle.stage, (handle.stage + 1) % sc.n_stages)) if sc.n_stages > 1 else None
+            await self._command(handle, {"cmd": "connect", "next": list(nxt) if nxt else None})
+        await self._expect("ready", everyone, READY_TIMEOUT_S)
+        self.stats.phase = sc.decode.mode
+        for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
+            await self._command(handle, {"cmd": "run"})
+        while True:
+            stage, event = await self.events.receive()
+            self._check_fatal(stage, event)
+            if self._handle(stage, event):
+                break
+        for handle in self.agents:
+            handle.finished = True
+        with trio.move_on_after(EXIT_TIMEOUT_S):
+            for handle in self.agents:
+                await handle.process.wait()
+
+    async def _command(self, handle: AgentHandle, command: dict) -> None:
+        try:
+            await handle.process.stdin.send_all(json.dumps(command).encode() + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise AgentFailed(f"{handle.stage} ({handle.name})", handle.cause("stopped reading commands")) from exc
+
+    async def _stop_agents(self) -> None:
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for handle in self.agents:
+                    handle.finished = True
+                    if handle.process.poll() is None or handle.process.stdin is not None:
+                        nursery.start_soon(stop_process, handle.process, STOP_GRACE_S)
+            for handle in self.agents:
+                await trio.aclose_forcefully(handle.control)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, stats: RunStats | None = None,
+                       log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> dict:
+    """Convenience: choose the shaper and run one scenario (used by tests and the benchmark)."""
+    from netem.select import choose_shaper
+
+    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
+    if hasattr(shaper, "rto_ms"):
+        shaper.rto_ms = scenario.loss_rto_ms
+    stats = stats or RunStats(scenario)
+    launcher = Launcher(scenario, shaper, stats, log=log, echo_agent_stderr=echo_agent_stderr)
+    return await launcher.run()
+
+
+__all__ = ["Launcher", "run_scenario", "new_run_id", "TestbedError"]

@@ -1,0 +1,112 @@
+"""Wire format: round trips, and every malformed field is rejected with a message that names it."""
+
+import struct
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents import wire
+from testbed.errors import LinkBroken, WireError
+
+
+def make_frame(shape=(1, 3, 8), n_stamps=2):
+    tensor = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    stamps = tuple(wire.Stamp(i, 1.0 + i, 1.1 + i, 1.2 + i, 1.3 + i, 1.4 + i, 100 + i) for i in range(n_stamps))
+    return wire.Frame(wire.Kind.HIDDEN, stream=7, lap=123456789012, pos=42, tensor=tensor, stamps=stamps)
+
+
+def test_round_trip():
+    frame = make_frame()
+    data = wire.encode(frame)
+    assert len(data) == wire.HEADER.size + 2 * wire.STAMP.size + 3 * 8 * 4
+    back = wire.decode(data)
+    assert (back.kind, back.stream, back.lap, back.pos) == (wire.Kind.HIDDEN, 7, 123456789012, 42)
+    np.testing.assert_array_equal(back.tensor, frame.tensor)
+    assert back.stamps == frame.stamps
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), n_stamps=st.integers(0, 5),
+       half=st.booleans())
+def test_round_trip_property(shape, n_stamps, half):
+    frame = make_frame(tuple(shape), n_stamps)
+    if half:
+        frame = wire.Frame(frame.kind, tensor=frame.tensor.astype(np.float16), stamps=frame.stamps)
+    back = wire.decode(wire.encode(frame))
+    np.testing.assert_array_equal(back.tensor, frame.tensor)
+    assert back.tensor.dtype == frame.tensor.dtype
+
+
+def test_empty_frames():
+    back = wire.decode(wire.encode(wire.Frame(wire.Kind.PROBE, lap=3)))
+    assert back.kind == wire.Kind.PROBE and back.tensor is None and back.lap == 3
+
+
+def corrupt(data: bytes, field: str, value) -> bytes:
+    names = ["magic", "version", "kind", "dtype", "ndim", "stream", "lap", "pos", "flags", "d0", "d1", "d2", "d3",
+             "n_stamps", "reserved", "payload_len"]
+    fields = list(wire.HEADER.unpack_from(data))
+    fields[names.index(field)] = value
+    return wire.HEADER.pack(*fields) + data[wire.HEADER.size:]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("magic", b"EVIL", "magic"),
+    ("version", 9, "version"),
+    ("kind", 77, "kind"),
+    ("dtype", 9, "dtype"),
+    ("ndim", 5, "ndim"),
+    ("d3", 4, "past ndim"),
+    ("n_stamps", wire.MAX_STAMPS + 1, "stamps"),
+    ("payload_len", wire.MAX_PAYLOAD_BYTES + 1, "exceeds"),
+    ("payload_len", 8, "does not match shape"),
+    ("d1", 1 << 25, "dimension"),
+])
+def test_malformed_header_is_rejected(field, value, message):
+    data = corrupt(wire.encode(make_frame()), field, value)
+    with pytest.raises(WireError, match=message):
+        wire.decode(data)
+
+
+def test_truncated_and_unsupported():
+    data = wire.encode(make_frame())
+    with pytest.raises(WireError, match="short header"):
+        wire.decode(data[:10])
+    with pytest.raises(WireError, match="header says"):
+        wire.decode(data[:-4])
+    with pytest.raises(WireError, match="unsupported dtype"):
+        wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=np.zeros(3, dtype=np.int64)))
+
+
+async def test_reader_reassembles_split_frames():
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    frames = [make_frame(), wire.Frame(wire.Kind.SHUTDOWN)]
+    data = b"".join(wire.encode(f) for f in frames)
+    reader = wire.FrameReader(receive)
+    with trio.fail_after(5):
+        for i in range(0, len(data), 7):  # dribble the bytes in 7-byte pieces
+            await send.send_all(data[i:i + 7])
+        await send.aclose()
+        first, t = await reader.read()
+        second, _ = await reader.read()
+        assert await reader.read() is None
+    np.testing.assert_array_equal(first.tensor, frames[0].tensor)
+    assert second.kind == wire.Kind.SHUTDOWN and t > 0
+
+
+async def test_reader_rejects_garbage_and_midframe_close():
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    with trio.fail_after(5):
+        await send.send_all(b"X" * wire.HEADER.size)
+        with pytest.raises(WireError, match="magic"):
+            await wire.FrameReader(receive).read()
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    with trio.fail_after(5):
+        await send.send_all(wire.encode(make_frame())[:-3])
+        await send.aclose()
+        with pytest.raises(LinkBroken, match="mid-frame"):
+            await wire.FrameReader(receive).read()
