@@ -29,7 +29,7 @@ from agents.model import decode as decode_bytes
 from agents.model import encode as encode_text
 from agents.stage import PipelineStage, StagePlan
 from testbed import clock
-from testbed.errors import LinkBroken, PeerTimeout, TestbedError, WireError
+from testbed.errors import LinkBroken, PeerTimeout, TestbedError, WireError, leaf_errors
 
 CONNECT_TIMEOUT_S = 30.0
 LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
@@ -324,8 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     control = Control(args.control_fd)
     try:
         trio.run(agent_main, spec, control)
-    except* TestbedError as group:
-        message = "; ".join(str(e) for e in group.exceptions)
+    except BaseException as exc:  # noqa: BLE001 - our own errors are reported, anything else re-raised
+        leaves = leaf_errors(exc)
+        if not all(isinstance(e, TestbedError) for e in leaves):
+            raise
+        message = "; ".join(f"{type(e).__name__}: {e}" for e in leaves)
         log(spec, f"fatal: {message}")
         control.send("error", message=message)
         return 1

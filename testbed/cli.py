@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from testbed.config import Scenario, builtin_names, load_scenario
-from testbed.errors import ConfigError, TestbedError
+from testbed.errors import ConfigError, TestbedError, leaf_errors
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, console)
     except BaseException as exc:  # noqa: BLE001 - sorted into our own errors below, anything else re-raised
-        leaves = list(_leaves(exc))
+        leaves = leaf_errors(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             console.print("[bold]interrupted[/bold]: agents and shaping torn down")
             return 130
@@ -175,11 +175,3 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2 if all(isinstance(e, ConfigError) for e in leaves) else 1
 
-
-def _leaves(exc: BaseException):
-    """The individual errors inside (nested) exception groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc

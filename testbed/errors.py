@@ -42,3 +42,10 @@ class AgentFailed(TestbedError):
         self.agent = agent
         self.cause = cause
         super().__init__(f"agent {agent} failed: {cause}")
+
+
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """The individual errors inside (nested) exception groups; [exc] for a plain exception."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaf_errors(inner)]
+    return [exc]

@@ -1,0 +1,56 @@
+# geo-ring: `make geo-ring` runs the default scenario live; `make test` runs the regression suite.
+# Both set everything up on a fresh machine (a venv in .venv with torch 2.13.0 CPU and the project).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RESULTS := results
+PYTEST_ARGS ?=
+
+.PHONY: all setup geo-ring test test-fast test-netem bench sweep report clean-net clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+geo-ring: $(STAMP)
+	$(PY) -m testbed run geo-ring --json $(RESULTS)/geo-ring.json
+	$(PY) -m testbed run geo-ring --set decode.mode=speculative --set decode.k=auto \
+		--json $(RESULTS)/geo-ring-spec.json
+	$(PY) -m testbed report $(RESULTS)/geo-ring.json $(RESULTS)/geo-ring-spec.json --out $(RESULTS)
+
+# The whole suite: the fast and real-ring tests here, then the kernel netem suite (natively where the
+# kernel has sch_netem and we are root, else inside user-mode-linux, else a loud skip).
+test: $(STAMP)
+	$(PY) -m agents.train
+	$(PY) -m pytest -m "not netem" $(PYTEST_ARGS)
+	$(PY) -m netem.suite $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not netem and not slow" $(PYTEST_ARGS)
+
+test-netem: $(STAMP)
+	$(PY) -m netem.suite $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m testbed bench --shapers userspace,netem
+
+sweep: $(STAMP)
+	$(PY) -m testbed sweep geo-ring --k 1..24 --json $(RESULTS)/sweep.json
+
+report: $(STAMP)
+	$(PY) -m testbed report $(RESULTS) --out $(RESULTS)
+
+clean-net: $(STAMP)
+	$(PY) -m testbed clean
+
+clean:
+	rm -rf $(VENV) .cache $(RESULTS) *.egg-info .pytest_cache

@@ -1,0 +1,257 @@
+"""python -m testbed bench: relay precision, per-hop overhead vs raw sockets, and Table 2 fidelity, in one run.
+
+Targets (issue 2): relay release error p99 <= 200 us; per-hop overhead <= 3x a raw blocking-socket
+loopback one-way transfer of the same payload; fidelity |measured/predicted - 1| <= 1% once T_ring >= 20 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from netem.userspace import LinkTiming, RelayClock, relay
+from testbed import clock
+from testbed.config import load_scenario
+
+RELAY_DELAYS_MS = (1, 2, 5, 10, 20, 50, 100)
+TABLE2_ROWS = ("table2-single-node", "table2-rack-lan", "table2-metro", "table2-regional", "table2-continental",
+               "table2-two-continent", "table2-global")
+PAPER_TABLE2_TOK_S = (30.0, 29.7, 28.3, 18.8, 10.7, 5.5, 3.2)
+RELEASE_P99_TARGET_US = 200.0
+OVERHEAD_RATIO_TARGET = 3.0
+FIDELITY_TARGET_PCT = 1.0
+FIDELITY_MIN_T_RING_S = 0.020
+
+
+# --- 1. relay release error --------------------------------------------------------------------
+
+async def relay_release_errors(delay_ms: float, messages: int) -> list[float]:
+    """Release error (actual release - deadline, seconds) of a real relay between loopback TCP sockets."""
+    errors: list[float] = []
+
+    async def recording_sleep_until(deadline: float) -> None:
+        await clock.sleep_until(deadline)
+        errors.append(clock.now() - deadline)
+
+    recording = RelayClock(clock.now, recording_sleep_until)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    sink_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sink_port = sink_listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        async def handle(upstream: trio.SocketStream) -> None:
+            downstream = await trio.open_tcp_stream("127.0.0.1", sink_port)
+            await relay(upstream, downstream, LinkTiming(delay_ms / 1e3), recording)
+
+        async def sink(stream: trio.SocketStream) -> None:
+            while await stream.receive_some(65536):
+                pass
+
+        nursery.start_soon(trio.serve_listeners, handle, listeners)
+        nursery.start_soon(trio.serve_listeners, sink, sink_listeners)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        rng = np.random.default_rng(0)
+        for _ in range(messages):
+            await client.send_all(b"x" * 600)
+            # Space messages irregularly so releases land at all phases of the millisecond timer tick.
+            await trio.sleep(float(rng.uniform(0.0005, 0.003)))
+        await trio.sleep(delay_ms / 1e3 + 0.05)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    return errors
+
+
+# --- 2. raw loopback one-way -------------------------------------------------------------------
+
+ECHO_SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+n = int(sys.argv[1])
+while True:
+    buf = b""
+    while len(buf) < n:
+        chunk = c.recv(n - len(buf))
+        if not chunk: sys.exit(0)
+        buf += chunk
+    c.sendall(buf)
+"""
+
+
+def raw_one_way_s(payload_bytes: int, rounds: int) -> list[float]:
+    """Half the round trip of `payload_bytes` between two processes over blocking loopback TCP sockets."""
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(payload_bytes)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = b"x" * payload_bytes
+        samples = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sock.sendall(data)
+            got = 0
+            while got < payload_bytes:
+                got += len(sock.recv(payload_bytes - got))
+            samples.append((time.perf_counter() - t0) / 2)
+        sock.close()
+        return samples
+    finally:
+        server.kill()
+        server.wait()
+
+
+# --- 3. Table 2 fidelity -----------------------------------------------------------------------
+
+@dataclass
+class RingResult:
+    shaper: str
+    scenario: str
+    t_ring_s: float
+    summary: dict
+
+
+def run_rows(shaper: str, rows: tuple[str, ...], tokens: int) -> list[RingResult]:
+    from testbed.launcher import run_scenario
+
+    results = []
+    for name in rows:
+        scenario = load_scenario(name, [f"decode.tokens={tokens}"])
+        summary = trio.run(lambda sc=scenario: run_scenario(sc, shaper, log=lambda m: None))
+        results.append(RingResult(shaper, name, scenario.t_ring_s, summary))
+    return results
+
+
+def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console) -> list[RingResult] | None:
+    """Run the netem rows where netem exists: natively, or by re-running this bench inside user-mode-linux."""
+    from netem.probe import probe
+    from netem.uml import uml_available
+
+    caps = probe()
+    if caps.has_cap_net_admin and caps.has_netem:
+        return run_rows("netem", rows, tokens)
+    ok, reason = uml_available()
+    if not ok:
+        console.print(f"[yellow]netem backend skipped: {caps.detail}; user-mode-linux unavailable ({reason})")
+        return None
+    console.print("netem: this kernel has no sch_netem; running the netem rows inside user-mode-linux...")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "netem.json"
+        status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", "900", "--",
+                                  sys.executable, "-m", "testbed.bench", "--netem-rows-json", str(out),
+                                  "--tokens", str(tokens), *rows])
+        if status != 0 or not out.exists():
+            console.print(f"[red]netem rows inside user-mode-linux failed (status {status})")
+            return None
+        return [RingResult(**item) for item in json.loads(out.read_text())]
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def percentiles_us(values: list[float]) -> tuple[float, float]:
+    return float(np.percentile(values, 50)) * 1e6, float(np.percentile(values, 99)) * 1e6
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    quick = args.quick
+    shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
+    figures: dict = {"relay": [], "overhead": {}, "fidelity": []}
+
+    # 1. relay release error
+    table = Table(title="1. userspace relay release error (release - deadline)")
+    for col in ("delay ms", "releases", "p50 us", "p99 us", "max us", f"p99 <= {RELEASE_P99_TARGET_US:.0f} us"):
+        table.add_column(col, justify="right")
+    for delay in RELAY_DELAYS_MS:
+        errors = trio.run(relay_release_errors, delay, 100 if quick else 400)
+        p50, p99 = percentiles_us(errors)
+        figures["relay"].append({"delay_ms": delay, "p50_us": p50, "p99_us": p99, "n": len(errors)})
+        table.add_row(str(delay), str(len(errors)), f"{p50:.1f}", f"{p99:.1f}", f"{max(errors) * 1e6:.1f}",
+                      "yes" if p99 <= RELEASE_P99_TARGET_US else "NO")
+    console.print(table)
+
+    # 3 (run first: 2 needs its per-hop figures). Table 2 fidelity on every backend.
+    tokens = 12 if quick else 24
+    rows = TABLE2_ROWS if not quick else (TABLE2_ROWS[0], TABLE2_ROWS[3], TABLE2_ROWS[6])
+    by_shaper: dict[str, list[RingResult]] = {}
+    for shaper in shapers:
+        console.print(f"running {len(rows)} Table 2 rows on the {shaper} backend ({tokens} tokens each)...")
+        results = netem_rows_via_uml(rows, tokens, console) if shaper == "netem" else run_rows(shaper, rows, tokens)
+        if results:
+            by_shaper[shaper] = results
+
+    # 2. per-hop overhead vs raw sockets, same payload
+    payload = next(iter(by_shaper.values()))[0].summary["per_hop"][0]["bytes_per_lap"] if by_shaper else 612
+    raw = raw_one_way_s(payload, 500 if quick else 3000)
+    raw_p50_us, raw_p99_us = percentiles_us(raw)
+    table = Table(title=f"2. per-hop overhead vs raw blocking-socket loopback one-way ({payload}-byte frame)")
+    for col in ("backend", "testbed overhead p50 us", "raw one-way p50 us", "ratio", f"<= {OVERHEAD_RATIO_TARGET}x"):
+        table.add_column(col, justify="right")
+    for shaper, results in by_shaper.items():
+        # overhead = measured - configured one-way latency, every hop of every lap of rows with T_ring > 0
+        over = [h["measured_ms_p50"] - h["configured_ms"] for r in results for h in r.summary["per_hop"]
+                if r.t_ring_s > 0 and h["measured_ms_p50"] is not None]
+        over_us = float(np.median(over)) * 1e3
+        ratio = over_us / raw_p50_us
+        figures["overhead"][shaper] = {"overhead_p50_us": over_us, "raw_one_way_p50_us": raw_p50_us,
+                                       "raw_one_way_p99_us": raw_p99_us, "ratio": ratio, "payload_bytes": payload}
+        table.add_row(shaper, f"{over_us:.1f}", f"{raw_p50_us:.1f}", f"{ratio:.2f}x",
+                      "yes" if ratio <= OVERHEAD_RATIO_TARGET else "NO")
+    console.print(table)
+
+    table = Table(title="3. Table 2 fidelity, unscaled (C = 33 ms emulated; predicted = 1/(C_measured + T_ring))")
+    for col in ("row", "T_ring ms", "paper tok/s", *[f"{s} {c}" for s in by_shaper for c in
+                                                     ("measured", "predicted", "error %")]):
+        table.add_column(col, justify="right")
+    for i, name in enumerate(rows):
+        cells = []
+        t_ring = None
+        for shaper, results in by_shaper.items():
+            r = results[i]
+            t_ring = r.t_ring_s
+            s = r.summary
+            cells += [f"{s['measured_tok_s']:.3f}", f"{s['predicted_tok_s']:.3f}", f"{s['error_pct']:+.2f}"]
+            figures["fidelity"].append({"shaper": shaper, "row": name, "t_ring_ms": r.t_ring_s * 1e3,
+                                        "measured_tok_s": s["measured_tok_s"], "predicted_tok_s": s["predicted_tok_s"],
+                                        "error_pct": s["error_pct"], "overhead_ms_per_hop": s["overhead_ms_per_hop"]})
+        paper = PAPER_TABLE2_TOK_S[TABLE2_ROWS.index(name)]
+        table.add_row(name.removeprefix("table2-"), f"{(t_ring or 0) * 1e3:.1f}", f"{paper:.1f}", *cells)
+    console.print(table)
+    for shaper in by_shaper:
+        worst = max((abs(f["error_pct"]) for f in figures["fidelity"]
+                     if f["shaper"] == shaper and f["t_ring_ms"] >= FIDELITY_MIN_T_RING_S * 1e3), default=None)
+        if worst is not None:
+            console.print(f"{shaper}: worst fidelity error with T_ring >= 20 ms: {worst:.2f}% "
+                          f"(target <= {FIDELITY_TARGET_PCT}%: {'met' if worst <= FIDELITY_TARGET_PCT else 'MISSED'})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def _netem_rows_entry(argv: list[str]) -> int:
+    """Inside user-mode-linux: run the given rows on netem and write them as JSON (used by netem_rows_via_uml)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--netem-rows-json", required=True)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("rows", nargs="+")
+    args = parser.parse_args(argv)
+    results = run_rows("netem", tuple(args.rows), args.tokens)
+    Path(args.netem_rows_json).write_text(json.dumps([vars(r) for r in results]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_netem_rows_entry(sys.argv[1:]))

@@ -1,0 +1,231 @@
+"""A real Prometheus scrapes a live exporter: rates read back through its HTTP API match the truth.
+
+`start_prometheus(targets, tmpdir)` is reusable: it runs /usr/bin/prometheus with dashboards/prometheus.yml
+(the shipped scrape config, only the targets swapped) on a free 127.0.0.1 port.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Final
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+
+from testbed.metrics import RunMetrics, create_metrics
+from tests.test_grafana import PROMETHEUS_YML, expressions, load_dashboard
+
+PROMETHEUS: Final = "/usr/bin/prometheus"
+START_TIMEOUT_S: Final = 30.0
+STOP_TIMEOUT_S: Final = 10.0
+HTTP_TIMEOUT_S: Final = 5.0
+DATA_TIMEOUT_S: Final = 30.0  # until enough scrapes are stored to compute a rate
+TRUE_TOKEN_RATE: Final = 40.0  # tokens/s the feeder produces
+LAP_PERIOD_S: Final = 1.0 / TRUE_TOKEN_RATE
+RATE_WINDOW: Final = "5s"
+RATE_TOLERANCE: Final = 0.10  # relative; the feeder's own jitter over a 5 s window is well under 1%
+STAGES: Final = ["hong-kong", "dublin", "new-york"]
+HOPS: Final = ["0->1", "1->2", "2->0"]
+SPEC_K: Final = 4
+
+pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
+                                reason=f"{PROMETHEUS} not installed (apt-get install prometheus)")
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus did not start, or a query failed."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape_config(targets: Sequence[str]) -> str:
+    """dashboards/prometheus.yml with its target list replaced by `targets`."""
+    text = PROMETHEUS_YML.read_text(encoding="utf-8")
+    replaced, count = re.subn(r"targets:\s*\[[^\]]*\]", "targets: " + json.dumps(list(targets)), text)
+    if count != 1:
+        raise PrometheusError(f"{PROMETHEUS_YML}: expected one 'targets: [...]' line, found {count}")
+    return replaced
+
+
+def _get_json(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:  # a bad query answers 400 with a JSON error body
+        body = exc.read().decode(errors="replace")
+        raise PrometheusError(f"{url}: HTTP {exc.code}: {body}") from exc
+
+
+def stop_prometheus(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def start_prometheus(targets: Sequence[str], tmpdir: str | Path) -> tuple[subprocess.Popen, str]:
+    """Start Prometheus scraping `targets` ("host:port") every second; returns (process, base URL) once ready.
+
+    Config, TSDB and log live under `tmpdir`. The caller stops it with `stop_prometheus(proc)`.
+    """
+    tmpdir = Path(tmpdir)
+    config = tmpdir / "prometheus.yml"
+    config.write_text(scrape_config(targets), encoding="utf-8")
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log = (tmpdir / "prometheus.log").open("wb")
+    try:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmpdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    finally:
+        log.close()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited with {proc.returncode}: "
+                                      f"{(tmpdir / 'prometheus.log').read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/-/ready", timeout=HTTP_TIMEOUT_S) as response:
+                    if response.status == 200:
+                        return proc, base_url
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise PrometheusError(f"prometheus not ready on {base_url} after {START_TIMEOUT_S} s")
+            time.sleep(0.1)
+    except BaseException:
+        stop_prometheus(proc)
+        raise
+
+
+def query(base_url: str, expr: str) -> list[dict]:
+    """An instant query; returns the result vector (raises PrometheusError on a bad query)."""
+    answer = _get_json(f"{base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    if answer.get("status") != "success":
+        raise PrometheusError(f"{expr}: {answer}")
+    return answer["data"]["result"]
+
+
+def feed(metrics: RunMetrics, stop: threading.Event) -> None:
+    """Pretend to be a steady run: one lap (one token) every LAP_PERIOD_S, on an absolute schedule."""
+    for kind, value in (("measured", TRUE_TOKEN_RATE), ("predicted", TRUE_TOKEN_RATE * 1.01)):
+        metrics.decode_rate_tokens_per_second.labels(kind=kind).set(value)
+    metrics.ring_latency_seconds.labels(kind="configured").set(0.015)
+    metrics.ring_latency_seconds.labels(kind="measured").set(0.0152)
+    metrics.compute_seconds.labels(kind="total").set(0.010)
+    metrics.compute_seconds.labels(kind="real").set(0.001)
+    for kind, value in (("measured", 2.3), ("predicted", 2.31)):
+        metrics.spec_gamma.labels(kind=kind).set(value)
+    metrics.spec_acceptance_rate.set(0.6)
+    metrics.spec_k.set(SPEC_K)
+    start = time.monotonic()
+    lap = 0
+    while not stop.is_set():
+        lap += 1
+        metrics.tokens_total.labels(kind="plain").inc()
+        metrics.laps_total.labels(kind="plain").inc()
+        metrics.lap_seconds.labels(kind="plain").observe(0.025)
+        for hop, delay_s in zip(HOPS, (0.004, 0.005, 0.006), strict=True):
+            metrics.hop_configured_latency_seconds.labels(hop=hop).set(delay_s)
+            metrics.hop_latency_seconds.labels(hop=hop).observe(delay_s + 0.0002)
+            metrics.hop_bytes_total.labels(hop=hop).inc(560)
+        for stage in STAGES:
+            metrics.stage_compute_seconds.labels(stage=stage, kind="total").observe(0.0033)
+            metrics.stage_compute_seconds.labels(stage=stage, kind="real").observe(0.0003)
+        metrics.spec_num_drafts_total.inc()
+        metrics.spec_num_draft_tokens_total.inc(SPEC_K)
+        metrics.spec_num_accepted_tokens_total.inc(2)
+        for position in range(2):
+            metrics.spec_num_accepted_tokens_per_pos_total.labels(position=str(position)).inc()
+        metrics.spec_draft_seconds.observe(SPEC_K * 0.001)
+        stop.wait(max(0.0, start + lap * LAP_PERIOD_S - time.monotonic()))
+
+
+@pytest.fixture(scope="module")
+def prometheus_over_exporter() -> Iterator[str]:
+    """A fed exporter on a fresh registry and a Prometheus scraping it; yields Prometheus's base URL."""
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry, STAGES, HOPS)
+    server, server_thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed, args=(metrics, stop), name="token-feeder", daemon=True)
+    tmpdir = tempfile.mkdtemp(prefix="geo-ring-prometheus-")
+    proc = None
+    try:
+        feeder.start()
+        host, port = server.server_address[:2]
+        proc, base_url = start_prometheus([f"{host}:{port}"], tmpdir)
+        yield base_url
+    finally:
+        if proc is not None:
+            stop_prometheus(proc)
+        stop.set()
+        feeder.join(timeout=STOP_TIMEOUT_S)
+        server.shutdown()
+        server.server_close()
+        server_thread.join(timeout=STOP_TIMEOUT_S)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def wait_for_samples(base_url: str, selector: str, samples: int) -> None:
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    expr = f"count_over_time({selector}[{RATE_WINDOW}])"
+    while True:
+        result = query(base_url, expr)
+        if result and float(result[0]["value"][1]) >= samples:
+            return
+        if time.monotonic() > deadline:
+            raise PrometheusError(f"{expr} still {result} after {DATA_TIMEOUT_S} s: is the exporter scraped?")
+        time.sleep(0.25)
+
+
+def test_scraped_token_rate_matches_the_true_rate(prometheus_over_exporter):
+    base_url = prometheus_over_exporter
+    selector = 'testbed_tokens_total{kind="plain",job="geo-ring-testbed"}'
+    wait_for_samples(base_url, selector, samples=5)
+    readings = []
+    for _ in range(3):
+        result = query(base_url, f"rate({selector}[{RATE_WINDOW}])")
+        assert len(result) == 1, result
+        readings.append(float(result[0]["value"][1]))
+        time.sleep(0.5)
+    for rate in readings:
+        assert rate == pytest.approx(TRUE_TOKEN_RATE, rel=RATE_TOLERANCE), readings
+
+
+def test_every_grafana_expression_evaluates_to_data(prometheus_over_exporter):
+    base_url = prometheus_over_exporter
+    wait_for_samples(base_url, 'testbed_laps_total{kind="plain"}', samples=3)
+    empty = []
+    for title, expr in expressions(load_dashboard()):
+        if not query(base_url, expr):  # a bad query raises PrometheusError with Prometheus's message
+            empty.append(f"{title}: {expr}")
+    assert not empty, "no data for:\n" + "\n".join(empty)
+    error = query(base_url, next(expr for title, expr in expressions(load_dashboard())
+                                 if title == "Error, measured vs predicted"))
+    assert float(error[0]["value"][1]) == pytest.approx(100 * (1 / 1.01 - 1), abs=0.01)
+    wall = query(base_url, "1 / (testbed_compute_seconds{kind=\"total\"} + ignoring(kind) "
+                           "testbed_ring_latency_seconds{kind=\"configured\"})")
+    assert float(wall[0]["value"][1]) == pytest.approx(1 / 0.025)
