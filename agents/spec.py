@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from testbed.laps import RunStats
     from testbed.metrics import RunMetrics
 
+CONTEXT_KEEP = 64  # tokens kept when the context window fills and a new sequence starts
 K_AUTO_START = 4  # K before anything has been measured
 K_AUTO_WARMUP_ROUNDS = 3  # rounds at K_AUTO_START before the online choice takes over
 ALPHA_PRIOR = 0.7
@@ -66,30 +67,54 @@ def sample(dist: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(dist.to(torch.float64), 1, generator=generator))
 
 
+class PositionRandom:
+    """Random draws keyed by (seed, sequence position, purpose): common random numbers across K.
+
+    Every draw is still uniform and independent of every other draw, so the rule stays exact; but the
+    coin that decides the draft at position j is the same whatever K is, so a K sweep compares the
+    K-dependence of the rate rather than different luck. (A draft discarded after an earlier rejection
+    never influenced the output, so re-using its position's draw later is still independent of it.)
+    """
+
+    DRAFT, ACCEPT, RESIDUAL = 1, 2, 3
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.origin = 0  # absolute index of the current sequence's first token (it moves when context fills)
+
+    def generator(self, position: int, purpose: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.origin + position) * 4 + purpose)
+
+
 def verify(drafts: list[int], q: list[torch.Tensor], p: list[torch.Tensor],
-           generator: torch.Generator) -> tuple[int, int]:
-    """The exact rule. p has K+1 rows (the last for the bonus). Returns (accepted count, next token)."""
+           generator: torch.Generator | Callable[[int, int], torch.Generator]) -> tuple[int, int]:
+    """The exact rule. p has K+1 rows (the last for the bonus). Returns (accepted count, next token).
+
+    `generator` is one torch.Generator, or a function (offset in the block, purpose) -> Generator.
+    """
+    draw = generator if callable(generator) else (lambda _offset, _purpose: generator)
     for i, x in enumerate(drafts):
         ratio = float(p[i][x]) / max(float(q[i][x]), EPS)
-        if ratio >= 1.0 or float(torch.rand((), generator=generator, dtype=torch.float64)) < ratio:
+        if ratio >= 1.0 or float(torch.rand((), generator=draw(i, PositionRandom.ACCEPT), dtype=torch.float64)) < ratio:
             continue
         residual = torch.clamp(p[i] - q[i], min=0.0)
         total = float(residual.sum())
-        return i, sample(residual / total, generator) if total > EPS else sample(p[i], generator)
-    return len(drafts), sample(p[len(drafts)], generator)
+        g = draw(i, PositionRandom.RESIDUAL)
+        return i, sample(residual / total, g) if total > EPS else sample(p[i], g)
+    return len(drafts), sample(p[len(drafts)], draw(len(drafts), PositionRandom.RESIDUAL))
 
 
 class Drafter:
     """Proposes K tokens locally on the entry node, keeping its own KV cache in step with the sequence."""
 
     def __init__(self, model: GPT, kind: str, alpha: float, temperature: float, draft_s: float,
-                 generator: torch.Generator) -> None:
+                 rand: PositionRandom) -> None:
         self.model = model
         self.kind = kind
         self.alpha = alpha
         self.temperature = temperature
         self.draft_s = draft_s  # emulated per-token draft time (0 = real time only)
-        self.generator = generator
+        self.rand = rand
         self.cache = KVCache(model.config, model.config.n_layer)
         self.fed: list[int] = []  # tokens whose keys/values are in the cache, in order
 
@@ -124,7 +149,7 @@ class Drafter:
                 q, _eps = calibrated_q(probabilities(logits, self.temperature), self.alpha)
             else:
                 q = probabilities(logits, self.temperature)
-            x = sample(q, self.generator)
+            x = sample(q, self.rand.generator(len(context), PositionRandom.DRAFT))
             real += clock.now() - step
             clock.spin_until(step + self.draft_s)
             drafts.append(x)
@@ -174,49 +199,71 @@ def _lap_compute_and_ring(record: dict, n_stages: int) -> tuple[float, float]:
     return lap.compute_s, lap.ring_s
 
 
+def k_schedule(decode: dict[str, Any]) -> Callable[[int, "KChooser"], int | None]:
+    """Which K the next round uses: fixed, auto, or a sweep (rounds_per_k rounds at each K in k_sweep)."""
+    sweep = list(decode.get("k_sweep") or [])
+    rounds_per_k = int(decode.get("rounds_per_k", 30))
+    if sweep:
+        return lambda round_no, _chooser: sweep[round_no // rounds_per_k] if round_no < len(sweep) * rounds_per_k \
+            else None
+    return lambda _round_no, chooser: chooser.next_k()
+
+
 async def run_speculative(agent: "Agent", decode: dict[str, Any]) -> None:
-    """The entry node's decode loop with speculation; lap records carry the per-round figures."""
+    """The entry node's decode loop with speculation; lap records carry the per-round figures.
+
+    Ends after decode.tokens tokens, or, for a K sweep, after the last K's rounds.
+    """
     from agents.train import load_model
 
     temperature = float(decode.get("temperature", 0.0))
-    generator = torch.Generator().manual_seed(int(decode.get("seed", 0)))
+    rand = PositionRandom(int(decode.get("seed", 0)))
     kind = decode.get("draft", "trained")
     draft_s = float(decode.get("draft_ms", 0.0)) / 1e3
     draft_model = load_model("target" if kind == "calibrated" else "draft")
-    drafter = Drafter(draft_model, kind, float(decode.get("alpha", 0.8)), temperature, draft_s, generator)
+    drafter = Drafter(draft_model, kind, float(decode.get("alpha", 0.8)), temperature, draft_s, rand)
     k_setting = decode.get("k", 4)
     chooser = KChooser(None if k_setting == "auto" else int(k_setting), int(decode.get("k_max", 24)))
+    next_k = k_schedule(decode)
+    sweeping = bool(decode.get("k_sweep"))
     block_size = agent.stage.model.config.block_size
     n_stages = agent.spec.n_stages
+    prompt = encode_text(decode["prompt"])[-(block_size // 2):]
+    sequence: list[int] = []
+    generated, lap_no, round_no = 0, 0, 0
 
-    def first_token(logits: torch.Tensor) -> int:
-        return sample(probabilities(logits[-1], temperature), generator)
+    async def restart(ids: list[int], origin: int) -> None:
+        """Start a sequence (a prefill lap): at the beginning, when the context fills, and at each K of a sweep."""
+        nonlocal sequence, generated, lap_no
+        rand.origin = origin
+        sequence = list(ids)
+        token, record = await agent.lap(
+            sequence, 0, lap_no, "prefill",
+            lambda logits: sample(probabilities(logits[-1], temperature),
+                                  rand.generator(len(sequence), PositionRandom.RESIDUAL)))
+        agent.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
+        sequence.append(token)
+        generated += 1
+        lap_no += 1
 
-    ids = encode_text(decode["prompt"])[-(block_size // 2):]
-    token, record = await agent.lap(ids, 0, 0, "prefill", first_token)
-    agent.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
-    sequence = ids + [token]
-    generated = 1
-    lap_no = 1
+    await restart(prompt, 0)
     target_tokens = int(decode["tokens"])
-    while generated < target_tokens:
-        k = chooser.next_k()
-        if len(sequence) + k + 1 > block_size:
-            # Context full: a new sequence from the recent tokens (a prefill lap, not a round).
-            sequence = sequence[-64:]
-            token, record = await agent.lap(sequence, 0, lap_no, "prefill", first_token)
-            sequence.append(token)
-            generated += 1
-            agent.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
-            lap_no += 1
-            continue
+    while sweeping or generated < target_tokens:
+        k = next_k(round_no, chooser)
+        if k is None:
+            break
+        if sweeping and round_no > 0 and k != next_k(round_no - 1, chooser):
+            await restart(prompt, 0)  # every K starts from the same state: common random numbers across K
+        elif len(sequence) + k + 1 > block_size:
+            await restart(sequence[-CONTEXT_KEEP:], rand.origin + len(sequence) - CONTEXT_KEEP)
         round_start = clock.now()
         drafts, qs, draft_time, draft_real = drafter.propose(sequence, k)
         block, pos = [sequence[-1]] + drafts, len(sequence) - 1
+        base = len(sequence)
 
         def decide(logits: torch.Tensor) -> tuple[int, int, list[float]]:
             p = [probabilities(row, temperature) for row in logits]  # K+1 rows
-            accepted, nxt = verify(drafts, qs, p, generator)
+            accepted, nxt = verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
             return accepted, nxt, [overlap(p[i], qs[i]) for i in range(k)]
 
         (accepted, nxt, overlaps), record = await agent.lap(block, pos, lap_no, "spec", decide)
@@ -228,9 +275,10 @@ async def run_speculative(agent: "Agent", decode: dict[str, Any]) -> None:
         record["start"] = round_start  # a round is the draft plus the verify lap
         spec = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
                 "overlap_sum": sum(overlaps), "draft": kind, "alpha_hat": chooser.alpha_hat,
-                "k_auto": k_setting == "auto"}
+                "k_auto": k_setting == "auto" and not sweeping}
         agent.control.send("lap", tokens=len(new_tokens), text=decode_bytes(new_tokens), spec=spec, **record)
         lap_no += 1
+        round_no += 1
     agent.control.send("done", tokens=generated)
 
 
@@ -250,41 +298,61 @@ def export_round(m: "RunMetrics", spec: dict, summary: dict | None) -> None:
         m.spec_gamma.labels(kind="predicted").set(summary["gamma_predicted"])
 
 
+def _rate_figures(rounds: list, t_ring: float, alpha: float) -> dict:
+    """Measured and predicted figures of a set of rounds (all rounds of a run, or those at one K)."""
+    ks = [lap.spec["k"] for lap in rounds]
+    gamma_measured = float(np.mean([lap.tokens for lap in rounds]))
+    draft_s = float(np.mean([lap.spec["draft_s"] for lap in rounds]))
+    compute = float(np.mean([lap.compute_s for lap in rounds]))
+    round_s = float(np.mean([lap.duration_s for lap in rounds]))
+    gamma_predicted = float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks]))
+    return {
+        "rounds": len(rounds), "gamma_measured": gamma_measured, "gamma_predicted": gamma_predicted,
+        "draft_s": draft_s, "draft_per_token_s": draft_s / float(np.mean(ks)), "verify_compute_s": compute,
+        "round_s": round_s, "measured_tok_s": sum(lap.tokens for lap in rounds) / sum(lap.duration_s for lap in rounds),
+        # r_spec = Gamma / (K c_d + C + T_ring): measured Gamma, K c_d and C; configured T_ring
+        "predicted_tok_s": gamma_measured / (draft_s + compute + t_ring),
+        # the same with Gamma(alpha_hat, K) in place of the measured Gamma: the formula end to end
+        "predicted_tok_s_from_alpha": gamma_predicted / (draft_s + compute + t_ring),
+    }
+
+
 def summarize_spec(stats: "RunStats", summary: dict) -> dict | None:
     """The JSON summary's `spec` object (DESIGN.md section 4) from the rounds seen so far."""
     rounds = [lap for lap in stats.laps if lap.kind == "spec"]
     if not rounds:
         return None
     ks = [lap.spec["k"] for lap in rounds]
-    drafted = sum(ks)
-    alpha = sum(lap.spec["overlap_sum"] for lap in rounds) / drafted
+    alpha = sum(lap.spec["overlap_sum"] for lap in rounds) / sum(ks)
     accepted_per_pos = [0] * max(ks)
     drafted_per_pos = [0] * max(ks)
     for lap in rounds:
         for i in range(lap.spec["k"]):
             drafted_per_pos[i] += 1
             accepted_per_pos[i] += int(i < lap.spec["accepted"])
-    gamma_measured = float(np.mean([lap.tokens for lap in rounds]))
-    gamma_predicted = float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks]))
-    draft_s = float(np.mean([lap.spec["draft_s"] for lap in rounds]))
-    compute = float(np.mean([lap.compute_s for lap in rounds]))
-    round_s = float(np.mean([lap.duration_s for lap in rounds]))
     t_ring = stats.scenario.t_ring_s
-    k_mean = float(np.mean(ks))
-    c_d = draft_s / k_mean
-    k_star, r_star = physics.best_k(min(alpha, 0.999), c_d, compute, t_ring, stats.scenario.decode.k_max)
-    return {
-        "k": ks[-1] if len(set(ks)) == 1 else round(k_mean, 2), "k_last": ks[-1],
+    overall = _rate_figures(rounds, t_ring, alpha)
+    k_star, r_star = physics.best_k(min(alpha, 0.999), overall["draft_per_token_s"], overall["verify_compute_s"],
+                                    t_ring, max(stats.scenario.decode.k_max, max(ks)))
+    spec = {
+        "k": ks[-1] if len(set(ks)) == 1 else round(float(np.mean(ks)), 2), "k_last": ks[-1],
         "k_auto": bool(rounds[-1].spec.get("k_auto")), "draft": rounds[-1].spec["draft"],
-        "rounds": len(rounds), "drafted": drafted, "accepted": sum(lap.spec["accepted"] for lap in rounds),
-        "alpha": alpha, "alpha_dialled": stats.scenario.decode.alpha if rounds[-1].spec["draft"] == "calibrated"
-        else None,
+        "drafted": sum(ks), "accepted": sum(lap.spec["accepted"] for lap in rounds), "alpha": alpha,
+        "alpha_dialled": stats.scenario.decode.alpha if rounds[-1].spec["draft"] == "calibrated" else None,
         "acceptance_per_position": [a / d for a, d in zip(accepted_per_pos, drafted_per_pos)],
-        "gamma_measured": gamma_measured, "gamma_predicted": gamma_predicted,
-        "draft_s": draft_s, "draft_per_token_s": c_d, "verify_compute_s": compute, "round_s": round_s,
-        # r_spec = Gamma / (K c_d + C + T_ring): measured Gamma, c_d and C; configured T_ring
-        "predicted_tok_s": gamma_measured / (draft_s + compute + t_ring),
-        "predicted_tok_s_from_alpha": gamma_predicted / (draft_s + compute + t_ring),
+        **overall,
         "k_star": k_star, "k_star_tok_s": r_star,
-        "plain_predicted_tok_s": physics.wall_rate(compute, t_ring),
+        "plain_predicted_tok_s": physics.wall_rate(overall["verify_compute_s"], t_ring),
     }
+    if len(set(ks)) > 1 and not spec["k_auto"]:
+        per_k = []
+        for k in sorted(set(ks)):
+            at_k = [lap for lap in rounds if lap.spec["k"] == k]
+            # the curve predicted from this run's alpha_hat, c_d and C, at this K
+            formula = physics.spec_rate(min(alpha, 1.0), k, spec["draft_per_token_s"], spec["verify_compute_s"],
+                                        t_ring)
+            per_k.append({"k": k, **_rate_figures(at_k, t_ring, alpha), "formula_tok_s": formula})
+        spec["per_k"] = per_k
+        spec["k_star_measured"] = max(per_k, key=lambda row: row["measured_tok_s"])["k"]
+        spec["k_star_predicted"] = max(per_k, key=lambda row: row["formula_tok_s"])["k"]
+    return spec

@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(sweep)
     sweep.add_argument("--k", default="1..16", help="K values: 1..24 or 2,4,8")
     sweep.add_argument("--alpha", help="calibrated-draft acceptance rates to sweep, e.g. 0.6,0.7,0.8,0.9")
+    sweep.add_argument("--rounds", type=int, default=30, help="rounds at each K (default 30)")
     sweep.add_argument("--json", help="write all results here")
     sweep.set_defaults(func=lambda a, c: __import__("testbed.sweep", fromlist=["main"]).main(a, c))
 

@@ -39,6 +39,8 @@ class DecodeConfig:
     alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
     draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
     streams: int = 1
+    k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
+    rounds_per_k: int = 30
 
 
 @dataclass(frozen=True)
@@ -279,9 +281,34 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         alpha=_number(dec, "alpha", 0.8, source, "decode", maximum=1.0),
         draft_ms=_number(dec, "draft_ms", 0.0, source, "decode", maximum=60_000) * scale,
         streams=_number(dec, "streams", 1, source, "decode", minimum=1, maximum=64, integer=True),
+        k_sweep=_k_list(dec.get("k_sweep", []), source),
+        rounds_per_k=_number(dec, "rounds_per_k", 30, source, "decode", minimum=1, maximum=100_000, integer=True),
     )
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model)
+
+
+def _k_list(value: Any, source: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64
+                                               for k in value):
+        raise ConfigError(f"expected an array of integers in [1, 64], got {value!r}", source=source,
+                          key="decode.k_sweep")
+    return tuple(value)
+
+
+def parse_k_range(text: str) -> list[int]:
+    """'1..24' or '2,4,8' -> a list of K values (for the sweep command)."""
+    try:
+        if ".." in text:
+            low, high = (int(x) for x in text.split(".."))
+            values = list(range(low, high + 1))
+        else:
+            values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(1 <= k <= 64 for k in values):
+        raise ConfigError(f"expected K values like 1..24 or 2,4,8 within [1, 64], got {text!r}", key="--k")
+    return values
 
 
 def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:

@@ -1,0 +1,105 @@
+"""python -m testbed sweep: speculative K sweeps, measured vs predicted per K, and K* (a rendering of Table 3).
+
+Each acceptance rate is one run: the entry node plays `--rounds` rounds at every K, each K starting from
+the same prompt with the same per-position random draws, so the K-dependence is compared, not luck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from testbed.cli import ensure_models, scenario_from_args
+from testbed.config import parse_k_range
+from testbed.errors import ConfigError
+
+TABLE3_KS = (4, 8, 16)
+
+
+def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> dict:
+    from testbed.launcher import run_scenario
+
+    extra = ["decode.mode=speculative", f"decode.k_sweep={ks}", f"decode.rounds_per_k={args.rounds}",
+             f"decode.k_max={max(ks)}"]
+    if alpha is not None:
+        extra += ["decode.draft=calibrated", f"decode.alpha={alpha}"]
+    args.overrides = list(args.overrides) + extra
+    scenario = scenario_from_args(args)
+    args.overrides = args.overrides[: -len(extra)]
+    label = f"alpha={alpha}" if alpha is not None else f"draft={scenario.decode.draft}"
+    console.print(f"sweep {scenario.name} ({label}): K = {ks[0]}..{ks[-1]}, {args.rounds} rounds each, "
+                  f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
+                  f"c_d {scenario.decode.draft_ms:.2f} ms")
+    return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None))
+
+
+def per_k_table(summary: dict) -> Table:
+    spec = summary["spec"]
+    table = Table(title=f"{summary['scenario']}: alpha_hat = {spec['alpha']:.3f} ({spec['draft']} draft), "
+                        f"c_d = {spec['draft_per_token_s'] * 1e3:.2f} ms, C = {spec['verify_compute_s'] * 1e3:.2f} ms, "
+                        f"T_ring = {summary['t_ring_s'] * 1e3:.1f} ms")
+    for col in ("K", "rounds", "Gamma meas", "Gamma(a,K)", "tok/s meas", "tok/s pred", "err %", "formula tok/s"):
+        table.add_column(col, justify="right")
+    for row in spec["per_k"]:
+        err = (row["measured_tok_s"] / row["predicted_tok_s"] - 1) * 100
+        table.add_row(str(row["k"]), str(row["rounds"]), f"{row['gamma_measured']:.2f}",
+                      f"{row['gamma_predicted']:.2f}", f"{row['measured_tok_s']:.2f}", f"{row['predicted_tok_s']:.2f}",
+                      f"{err:+.2f}", f"{row['formula_tok_s']:.2f}")
+    table.caption = (f"K* measured = {spec['k_star_measured']}, K* predicted = {spec['k_star_predicted']} "
+                     f"(tok/s pred = Gamma_measured / (K c_d + C + T_ring); formula = Gamma(alpha_hat, K) / (...))")
+    return table
+
+
+def table3(results: list[tuple[float, dict]], scale: str) -> Table:
+    table = Table(title=f"Seed 000 Table 3, measured (time scale {scale}): measured / predicted")
+    table.add_column("alpha", justify="right")
+    for k in TABLE3_KS:
+        table.add_column(f"K={k} Gamma", justify="right")
+        table.add_column(f"K={k} tok/s", justify="right")
+    table.add_column("best tok/s (K*)", justify="right")
+    for alpha, summary in results:
+        rows = {row["k"]: row for row in summary["spec"]["per_k"]}
+        cells = []
+        for k in TABLE3_KS:
+            row = rows.get(k)
+            cells += ([f"{row['gamma_measured']:.2f} / {row['gamma_predicted']:.2f}",
+                       f"{row['measured_tok_s']:.1f} / {row['formula_tok_s']:.1f}"] if row else ["-", "-"])
+        spec = summary["spec"]
+        best_meas = rows[spec["k_star_measured"]]["measured_tok_s"]
+        best_pred = rows[spec["k_star_predicted"]]["formula_tok_s"]
+        cells.append(f"{best_meas:.1f} (K={spec['k_star_measured']}) / {best_pred:.1f} (K={spec['k_star_predicted']})")
+        table.add_row(f"{alpha:.2f}", *cells)
+    return table
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    ks = parse_k_range(args.k)
+    if args.rounds < 1:
+        raise ConfigError(f"expected --rounds >= 1, got {args.rounds}", key="--rounds")
+    alphas: list[float | None] = [None]
+    if args.alpha:
+        try:
+            alphas = [float(a) for a in args.alpha.split(",")]
+        except ValueError:
+            raise ConfigError(f"expected alphas like 0.6,0.7,0.8,0.9, got {args.alpha!r}", key="--alpha") from None
+        if not all(0 < a < 1 for a in alphas):
+            raise ConfigError(f"alphas must be in (0, 1), got {args.alpha!r}", key="--alpha")
+    ensure_models(console)
+    results = []
+    for alpha in alphas:
+        summary = run_sweep(args, ks, alpha, console)
+        console.print(per_k_table(summary))
+        results.append((alpha, summary))
+    if args.alpha and all(k in ks for k in TABLE3_KS):
+        scale = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("scale=")), "1")
+        console.print(table3(results, scale))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps([s for _, s in results], indent=2) + "\n")
+        console.print(f"JSON: {args.json}")
+    return 0
