@@ -22,10 +22,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 geo-ring: $(STAMP)
-	$(PY) -m testbed run geo-ring --json $(RESULTS)/geo-ring.json
-	$(PY) -m testbed run geo-ring --set decode.mode=speculative --set decode.k=auto \
-		--json $(RESULTS)/geo-ring-spec.json
-	$(PY) -m testbed report $(RESULTS)/geo-ring.json $(RESULTS)/geo-ring-spec.json --out $(RESULTS)
+	$(PY) -m testbed run geo-ring --phases plain,speculative --set decode.k=auto --json $(RESULTS)/geo-ring.json
 
 # The whole suite: the fast and real-ring tests here, then the kernel netem suite (natively where the
 # kernel has sch_netem and we are root, else inside user-mode-linux, else a loud skip).

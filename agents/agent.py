@@ -12,7 +12,6 @@ stdin closing means the launcher is gone or done: the agent exits.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -35,7 +34,6 @@ CONNECT_TIMEOUT_S = 30.0
 LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
 PROBE_LAPS = 5
 CONTEXT_KEEP = 64  # tokens kept when the context window fills and a new sequence starts
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -301,24 +299,14 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
         nursery.cancel_scope.cancel()
 
 
-def set_parent_death_signal() -> None:
-    """Die with the launcher even if it is SIGKILLed (Linux prctl), so no agent is ever orphaned."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.agent")
     parser.add_argument("--spec", required=True, help="AgentSpec as JSON")
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)
     spec = AgentSpec(**json.loads(args.spec))
-    set_parent_death_signal()
-    if os.getppid() == 1:
-        return 1
+    # No PR_SET_PDEATHSIG: Trio forks from a worker thread, and that signal fires when the forking *thread*
+    # exits. Orphans are prevented by the stdin pipe instead: when the launcher dies, stdin hits EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides how we stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     control = Control(args.control_fd)

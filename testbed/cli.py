@@ -11,7 +11,7 @@ import trio
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
-from testbed.config import Scenario, builtin_names, load_scenario
+from testbed.config import DECODE_MODES, Scenario, builtin_names, load_scenario
 from testbed.errors import ConfigError, TestbedError, leaf_errors
 
 DEFAULT_METRICS_PORT = 9464
@@ -42,15 +42,17 @@ def ensure_models(console: Console) -> dict:
     return report
 
 
-async def _run_live(scenario: Scenario, shaper_kind: str, metrics_port: int, console: Console,
-                    dashboard: bool, verbose: bool) -> dict:
+async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
+                    dashboard: bool, verbose: bool) -> list[dict]:
+    """Run scenarios (phases) one after another under one exporter and one live dashboard."""
     from netem.select import choose_shaper
     from testbed.laps import RunStats
     from testbed.launcher import Launcher, new_run_id
     from testbed.metrics import create_metrics, serve
 
+    first = scenarios[0]
     registry = CollectorRegistry()
-    metrics = create_metrics(registry, [s.name for s in scenario.stages], [l.name for l in scenario.ring])
+    metrics = create_metrics(registry, [s.name for s in first.stages], [l.name for l in first.ring])
     try:
         host, port = serve(registry, metrics_port)
     except OSError as exc:
@@ -58,24 +60,36 @@ async def _run_live(scenario: Scenario, shaper_kind: str, metrics_port: int, con
                           f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
     url = f"http://{host}:{port}/metrics"
     console.print(f"Prometheus metrics: [bold]{url}[/bold]")
-    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
-    if hasattr(shaper, "rto_ms"):
-        shaper.rto_ms = scenario.loss_rto_ms
-    console.print(f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
-    stats = RunStats(scenario, metrics=metrics, metrics_url=url)
-    launcher = Launcher(scenario, shaper, stats, log=lambda m: console.print(m, markup=False, highlight=False),
-                        echo_agent_stderr=verbose)
+    current: list[RunStats] = [RunStats(first, metrics=metrics, metrics_url=url)]
+    summaries = []
+
+    async def run_phases() -> None:
+        for i, scenario in enumerate(scenarios):
+            shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
+            if hasattr(shaper, "rto_ms"):
+                shaper.rto_ms = scenario.loss_rto_ms
+            console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
+                          f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
+            stats = current[0] if i == 0 else RunStats(scenario, metrics=metrics, metrics_url=url)
+            current[0] = stats
+            launcher = Launcher(scenario, shaper, stats,
+                                log=lambda m: console.print(m, markup=False, highlight=False),
+                                echo_agent_stderr=verbose)
+            summaries.append(await launcher.run())
+
     if not dashboard:
-        return await launcher.run()
+        await run_phases()
+        return summaries
     from dashboards.live import run_dashboard
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_dashboard(stats.snapshot, console=console,
+        await nursery.start(lambda task_status: run_dashboard(lambda: current[0].snapshot(), console=console,
                                                               task_status=task_status))
         try:
-            return await launcher.run()
+            await run_phases()
         finally:
             nursery.cancel_scope.cancel()
+    return summaries
 
 
 def print_summary(console: Console, summaries: list[dict]) -> None:
@@ -89,14 +103,26 @@ def print_summary(console: Console, summaries: list[dict]) -> None:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    scenario = scenario_from_args(args)
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()] if args.phases else []
+    for phase in phases:
+        if phase not in DECODE_MODES:
+            raise ConfigError(f"expected phases from {', '.join(DECODE_MODES)}, got {phase!r}", key="--phases")
+    base = list(args.overrides)
+    scenarios = []
+    for phase in phases or [None]:
+        args.overrides = base + ([f"decode.mode={phase}"] if phase else [])
+        scenarios.append(scenario_from_args(args))
+    args.overrides = base
     ensure_models(console)
-    summary = trio.run(_run_live, scenario, args.shaper, args.metrics_port, console, not args.no_dashboard,
-                       args.verbose)
-    print_summary(console, [summary])
+    summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
+                         args.verbose)
+    print_summary(console, summaries)
     if args.json:
-        write_json(Path(args.json), summary)
-        console.print(f"JSON summary: {args.json}")
+        path = Path(args.json)
+        for summary in summaries:
+            target = path if len(summaries) == 1 else path.with_name(f"{path.stem}-{summary['mode']}{path.suffix}")
+            write_json(target, summary)
+            console.print(f"JSON summary: {target}")
     return 0
 
 
@@ -129,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", help="write the JSON summary here")
     run.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                      help=f"Prometheus exporter port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}; 0 = any free)")
+    run.add_argument("--phases", help="run these decode modes one after another, e.g. plain,speculative "
+                                      "(JSON files get the mode as a suffix)")
     run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")
     run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
     run.set_defaults(func=cmd_run)
