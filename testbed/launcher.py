@@ -63,6 +63,7 @@ class Launcher:
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.echo_agent_stderr = echo_agent_stderr
         self.agents: list[AgentHandle] = []
+        self.listen: dict[int, tuple[str, int]] = {}  # each agent's listener, once known
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
 
     def agent_specs(self, n_layers: int) -> list[dict]:
@@ -185,7 +186,7 @@ class Launcher:
         listening = await self._expect("listening", everyone, STARTUP_TIMEOUT_S)
         host_of = {i: ("127.0.0.1" if specs[i]["listen_host"] in ("0.0.0.0", "") else specs[i]["listen_host"])
                    for i in everyone}
-        listen = {i: (host_of[i], listening[i]["port"]) for i in everyone}
+        listen = self.listen = {i: (host_of[i], listening[i]["port"]) for i in everyone}
         self.stats.phase = "connecting"
         peers = await self.shaper.connect(listen)
         for handle in self.agents:
