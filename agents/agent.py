@@ -24,7 +24,6 @@ import torch
 import trio
 
 from agents import wire
-from agents.model import decode as decode_bytes
 from agents.model import encode as encode_text
 from agents.stage import PipelineStage, StagePlan
 from testbed import clock
@@ -207,7 +206,7 @@ class Agent:
 
         ids = encode_text(decode["prompt"])[-(block_size // 2):]
         token, record = await self.lap(ids, 0, 0, "prefill", sample)
-        self.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
+        self.control.send("lap", tokens=1, ids=[token], **record)
         sequence = ids + [token]
         generated = [token]
         lap_no = 1
@@ -222,9 +221,9 @@ class Agent:
             token, record = await self.lap(block, pos, lap_no, kind, sample)
             sequence.append(token)
             generated.append(token)
-            self.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
+            self.control.send("lap", tokens=1, ids=[token], **record)
             lap_no += 1
-        self.control.send("done", text=decode_bytes(generated), tokens=len(generated))
+        self.control.send("done", tokens=len(generated))
 
     async def shutdown_ring(self) -> None:
         if self.spec.n_stages == 1 or self.out is None:

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from agents.model import GPT, KVCache
-from agents.model import decode as decode_bytes
 from agents.model import encode as encode_text
 from testbed import clock, physics
 from testbed.metrics import SPEC_MAX_POSITIONS
@@ -241,7 +240,7 @@ async def run_speculative(agent: "Agent", decode: dict[str, Any]) -> None:
             sequence, 0, lap_no, "prefill",
             lambda logits: sample(probabilities(logits[-1], temperature),
                                   rand.generator(len(sequence), PositionRandom.RESIDUAL)))
-        agent.control.send("lap", tokens=1, text=decode_bytes([token]), **record)
+        agent.control.send("lap", tokens=1, ids=[token], **record)
         sequence.append(token)
         generated += 1
         lap_no += 1
@@ -276,7 +275,7 @@ async def run_speculative(agent: "Agent", decode: dict[str, Any]) -> None:
         spec = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
                 "overlap_sum": sum(overlaps), "draft": kind, "alpha_hat": chooser.alpha_hat,
                 "k_auto": k_setting == "auto" and not sweeping}
-        agent.control.send("lap", tokens=len(new_tokens), text=decode_bytes(new_tokens), spec=spec, **record)
+        agent.control.send("lap", tokens=len(new_tokens), ids=new_tokens, spec=spec, **record)
         lap_no += 1
         round_no += 1
     agent.control.send("done", tokens=generated)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.model import decode as decode_bytes
 from testbed import physics
 from testbed.config import Scenario
 from testbed.metrics import RunMetrics
@@ -75,7 +76,7 @@ class RunStats:
     metrics_url: str | None = None
     laps: list[Lap] = field(default_factory=list)
     probes: list[list[float]] = field(default_factory=list)  # per probe lap, per-hop one-way latency
-    text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # every generated token, in order
     phase: str = "starting"
     started_at: float = field(default_factory=time.monotonic)
     history: list[tuple[float, float]] = field(default_factory=list)
@@ -98,7 +99,7 @@ class RunStats:
     def add_lap(self, record: dict) -> Lap:
         lap = decompose(record, self.scenario.n_stages)
         self.laps.append(lap)
-        self.text += record.get("text", "")
+        self.token_ids.extend(int(t) for t in record.get("ids", []))
         if self.metrics is not None:
             self._export(lap)
         decode = self.decode_laps
@@ -202,7 +203,7 @@ class RunStats:
             "overhead_ms_per_hop": float(np.mean(overheads)) if overheads else None,
             "ttft": ttft, "self_check": self_check, "spec": None,
             "history": [list(p) for p in self.history], "metrics_url": self.metrics_url,
-            "text": self.text,
+            "text": decode_bytes(self.token_ids), "token_ids": list(self.token_ids),
         }
         if sc.decode.mode == "speculative":
             from agents.spec import summarize_spec

@@ -159,8 +159,12 @@ class Launcher:
         from agents.model import GPTConfig  # noqa: F401  (fail early if the model code is broken)
         from agents.train import TARGET_CONFIG
 
+        from agents.train import ensure_trained
+
         sc = self.scenario
         specs = self.agent_specs(TARGET_CONFIG.n_layer)
+        # Train once here (first use only) rather than in every agent at once under the lock.
+        await trio.to_thread.run_sync(ensure_trained)
         self.stats.shaper, self.stats.shaper_reason = self.shaper.name, self.shaper.reason
         self.stats.init_metrics()
         try:

@@ -1,0 +1,79 @@
+"""Regression: speculative decoding on real (time-scaled) rings amortizes the wall as the formula says.
+
+Predicted r_spec = Gamma_measured / (K c_d + C + T_ring), with c_d and C measured and T_ring configured;
+the tolerance is the overhead budget over the round (tests/ringutil.py). With the calibrated draft at
+temperature 0 each draft is accepted with probability exactly alpha, so Gamma is checked against
+Gamma(alpha, K) itself (within 5%, from ~400 rounds).
+"""
+
+import pytest
+
+from tests.ringutil import rate_tolerance, ring_scenario, run
+from testbed import physics
+
+pytestmark = pytest.mark.slow
+
+LONG_RING_MS = [20.0, 20.0, 20.0]
+STAGE_MS = 3.0
+DRAFT_MS = 3.0  # above the calibrated draft's real per-token cost (a full local target step, ~1 ms)
+ALPHA, K = 0.8, 4
+
+
+def test_greedy_speculation_is_token_for_token_plain_greedy():
+    plain = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48))
+    spec = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48, mode="speculative", k=4))
+    assert spec["spec"]["draft"] == "trained" and spec["spec"]["rounds"] > 5
+    assert spec["token_ids"][:48] == plain["token_ids"]
+    assert 0 < spec["spec"]["alpha"] < 1  # a real draft: some rejections, some acceptances
+
+
+@pytest.fixture(scope="module")
+def long_ring():
+    plain = run(ring_scenario(LONG_RING_MS, compute_ms=STAGE_MS, tokens=40))
+    spec = run(ring_scenario(LONG_RING_MS, compute_ms=STAGE_MS, tokens=1350, mode="speculative", k=K,
+                             draft="calibrated", alpha=ALPHA, draft_ms=DRAFT_MS))
+    return plain, spec
+
+
+def test_measured_r_spec_matches_the_formula(long_ring):
+    _, s = long_ring
+    spec = s["spec"]
+    assert spec["rounds"] >= 350 and spec["k"] == K
+    round_s = spec["draft_s"] + spec["verify_compute_s"] + s["t_ring_s"]
+    predicted = spec["gamma_measured"] / round_s
+    tolerance = rate_tolerance(s["stages"], round_s)
+    assert tolerance < 0.03
+    assert s["measured_tok_s"] == pytest.approx(predicted, rel=tolerance)
+    assert spec["draft_per_token_s"] == pytest.approx(DRAFT_MS / 1e3, rel=0.05)  # emulated c_d held
+
+
+def test_calibrated_draft_gamma_matches_gamma_of_alpha(long_ring):
+    _, s = long_ring
+    spec = s["spec"]
+    assert spec["alpha"] == pytest.approx(ALPHA, abs=1e-6)  # sum min(p, q) is exactly the dialled alpha
+    assert spec["gamma_measured"] == pytest.approx(physics.gamma(ALPHA, K), rel=0.05)
+    # accepted-per-position decays like alpha^(i+1)
+    for i, rate in enumerate(spec["acceptance_per_position"]):
+        assert rate == pytest.approx(ALPHA ** (i + 1), abs=0.06)
+
+
+def test_speculation_beats_plain_by_the_predicted_factor(long_ring):
+    plain, spec = long_ring
+    measured = spec["measured_tok_s"] / plain["measured_tok_s"]
+    predicted = spec["predicted_tok_s"] / plain["predicted_tok_s"]
+    tolerance = (rate_tolerance(3, 1 / plain["predicted_tok_s"])
+                 + rate_tolerance(3, spec["spec"]["round_s"]))
+    assert measured > 2.5
+    assert measured == pytest.approx(predicted, rel=tolerance)
+
+
+def test_k_sweep_peaks_where_the_formula_says():
+    # alpha 0.6 with (C + T_ring) / c_d = 20: K* = 4, and K = 2 or K = 7 already cost 5-7%
+    scenario = ring_scenario([10.0, 10.0, 11.0], compute_ms=3.0, tokens=1, mode="speculative",
+                             draft="calibrated", alpha=0.6, draft_ms=2.0, k_sweep=list(range(1, 9)),
+                             rounds_per_k=60, k_max=8)
+    spec = run(scenario)["spec"]
+    assert [row["k"] for row in spec["per_k"]] == list(range(1, 9))
+    assert abs(spec["k_star_measured"] - spec["k_star_predicted"]) <= 1, spec["per_k"]
+    k_star, _ = physics.best_k(0.6, spec["draft_per_token_s"], spec["verify_compute_s"], scenario.t_ring_s, 8)
+    assert spec["k_star_predicted"] == k_star
