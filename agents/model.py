@@ -1,0 +1,215 @@
+"""A small byte-level GPT whose layers can be run in stages, each stage with its own explicit KV cache."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.head_dim = config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        k_cache: torch.Tensor | None = None,
+        v_cache: torch.Tensor | None = None,
+        start: int = 0,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x [B, T, C]
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        if k_cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
+        else:
+            # Write into the preallocated slice so a decode step costs no reallocation of the past.
+            k_cache[:, :, start : start + T] = k
+            v_cache[:, :, start : start + T] = v
+            k = k_cache[:, :, : start + T]  # [B, nh, start+T, hd]
+            v = v_cache[:, :, : start + T]  # [B, nh, start+T, hd]
+            # is_causal aligns its mask top-left (query 0 sees key 0 only), wrong once a past exists, so a
+            # block appended after a past gets an explicit mask (from run_layers); one new token sees all keys.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # [B, T, C]
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # as GPT-2; exact erf GELU costs ~12% of a one-token decode step
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))  # [B, T, C] -> [B, T, 4C] -> [B, T, C]
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        k_cache: torch.Tensor | None = None,
+        v_cache: torch.Tensor | None = None,
+        start: int = 0,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), k_cache, v_cache, start, mask)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 256  # one token per UTF-8 byte
+    block_size: int = 256  # max positions (learned position embedding)
+    n_layer: int = 6
+    n_head: int = 4
+    n_embd: int = 128
+    bias: bool = False  # biases in Linear and LayerNorm; without them the model is a little smaller and as good
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name}: expected a positive int, got {getattr(self, name)!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd: expected a multiple of n_head={self.n_head}, got {self.n_embd}")
+
+
+class KVCache:
+    """Keys/values for a contiguous range of layers, for batch B, preallocated to block_size positions."""
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        n_layers: int,
+        batch_size: int = 1,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if n_layers < 1 or batch_size < 1:
+            raise ValueError(f"KVCache: expected n_layers >= 1 and batch_size >= 1, got {n_layers}, {batch_size}")
+        self.n_layers = n_layers
+        self.batch_size = batch_size
+        self.block_size = config.block_size
+        shape = (n_layers, batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
+        self.length = 0  # positions [0, length) hold valid keys/values in every layer
+
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length, e.g. the rejected tail of a speculative block."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"KVCache.truncate: expected 0 <= length <= {self.length}, got {length}")
+        # Stale values past `length` stay in memory; they are overwritten before they are ever read again.
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                # Residual projections scaled down so the residual stream does not grow with depth (GPT-2).
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied wte/lm_head counted once
+
+    def embed(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Token + position embedding of idx [B, T] placed at positions start_pos..start_pos+T-1 -> [B, T, C]."""
+        T = idx.size(1)
+        if start_pos < 0 or start_pos + T > self.config.block_size:
+            raise ValueError(
+                f"GPT.embed: positions {start_pos}..{start_pos + T - 1} are outside 0..{self.config.block_size - 1}"
+            )
+        tok_emb = self.transformer.wte(idx)  # [B, T, C]
+        pos_emb = self.transformer.wpe.weight[start_pos : start_pos + T]  # [T, C], a view: no arange per step
+        return tok_emb + pos_emb  # [B, T, C]
+
+    def run_layers(self, x: torch.Tensor, first: int, last: int, cache: KVCache | None = None) -> torch.Tensor:
+        """Run blocks[first:last] on x [B, T, C] -> [B, T, C]; with a cache, x is appended after its past."""
+        if not 0 <= first <= last <= self.config.n_layer:
+            raise ValueError(f"GPT.run_layers: expected 0 <= first <= last <= {self.config.n_layer}, got {first}, {last}")
+        blocks = self.transformer.h[first:last]
+        if cache is None:
+            for block in blocks:
+                x = block(x)
+            return x
+        B, T, _ = x.size()
+        if cache.n_layers != last - first:
+            raise ValueError(f"GPT.run_layers: cache holds {cache.n_layers} layers, layers {first}:{last} need {last - first}")
+        if cache.batch_size != B:
+            raise ValueError(f"GPT.run_layers: cache is for batch {cache.batch_size}, got batch {B}")
+        start = cache.length
+        if start + T > cache.block_size:
+            raise ValueError(f"GPT.run_layers: {start} cached + {T} new positions exceed block_size {cache.block_size}")
+        mask = None
+        if T > 1 and start > 0:
+            # New token t sits at position start+t and may see keys 0..start+t.
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)  # [T, start+T]
+        for i, block in enumerate(blocks):
+            x = block(x, cache.k[i], cache.v[i], start, mask)
+        cache.length = start + T  # only once every layer holds the new positions
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.transformer.ln_f(x))  # [B, T, C] -> [B, T, V]
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx, 0)  # [B, T, C]
+        x = self.run_layers(x, 0, self.config.n_layer)  # [B, T, C]
+        return self.head(x)  # [B, T, V]
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode(ids: list[int]) -> str:
+    # A byte-level model can stop mid-character; replace rather than fail on a partial sequence.
+    return bytes(ids).decode("utf-8", errors="replace")

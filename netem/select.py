@@ -1,0 +1,70 @@
+"""Chooses the shaping backend: "netem" (kernel qdiscs), "userspace" (Trio relay) or "auto", and says why.
+
+    shaper = choose_shaper("auto", links, n_stages, run_id)
+    print(shaper.name, shaper.reason)
+    # userspace  netem: sch_netem not available in this kernel (...); using userspace relay
+
+"auto" takes the kernel backend when the probe finds CAP_NET_ADMIN, network namespaces, veth and
+sch_netem, and the userspace relay otherwise; "netem" insists and raises ShapingError naming the
+missing piece. The userspace backend is imported lazily (it needs nothing the probe checks).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from netem.base import LinkSpec, Shaper
+from netem.probe import Capabilities, probe
+from testbed.errors import ShapingError
+
+KINDS = ("auto", "netem", "userspace")
+
+
+def _missing_reason(caps: Capabilities) -> str:
+    if not caps.has_cap_net_admin:
+        what = "not root (no CAP_NET_ADMIN)"
+    elif not caps.has_netns:
+        what = "network namespaces unavailable"
+    elif not caps.has_veth:
+        what = "no veth support in this kernel"
+    else:
+        what = "sch_netem not available in this kernel"
+    return f"{what} ({caps.detail})"
+
+
+def _kernel(links: list[LinkSpec], n_stages: int, run_id: str, reason: str) -> Shaper:
+    from netem.kernel import KernelShaper
+
+    shaper = KernelShaper(links, n_stages, run_id)
+    shaper.reason = reason
+    return shaper
+
+
+def _userspace(links: list[LinkSpec], n_stages: int, run_id: str, reason: str) -> Shaper:
+    try:
+        from netem.userspace import UserspaceShaper
+    except ImportError as exc:
+        raise ShapingError(f"the userspace backend (netem.userspace) cannot be imported: {exc}") from exc
+    shaper = UserspaceShaper(links, n_stages, run_id)
+    shaper.reason = reason
+    return shaper
+
+
+def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, *,
+                  probe_fn: Callable[[], Capabilities] = probe) -> Shaper:
+    """The backend for `kind` in KINDS, with `.reason` saying which one and why."""
+    if kind not in KINDS:
+        raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(KINDS)}")
+    if kind == "userspace":
+        return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)")
+    caps = probe_fn()
+    if kind == "netem":
+        if not caps.netem_ready:
+            raise ShapingError(f"--shaper netem cannot work here: {_missing_reason(caps)}; "
+                               "run as root on a kernel with sch_netem, inside user-mode-linux "
+                               "(python -m netem.uml -- ...), or use --shaper userspace")
+        return _kernel(links, n_stages, run_id, "netem: requested (--shaper netem); root, netns, veth and "
+                                                "sch_netem available")
+    if caps.netem_ready:
+        return _kernel(links, n_stages, run_id, "netem: auto; root, netns, veth and sch_netem available")
+    return _userspace(links, n_stages, run_id, f"netem: {_missing_reason(caps)}; using userspace relay")

@@ -1,0 +1,253 @@
+"""Staged, cached and speculative runs of the GPT must give the logits of one plain forward pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+import agents.train as train
+from agents.corpus import build_corpus
+from agents.model import GPT, GPTConfig, KVCache, decode, encode
+
+TINY = GPTConfig(vocab_size=64, block_size=32, n_layer=6, n_head=2, n_embd=16)
+STAGES = [(0, 2), (2, 4), (4, 6)]
+
+
+def make_model(config: GPTConfig = TINY, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
+    # GPT-2 init gives near-uniform attention, which would hide masking bugs below float tolerance;
+    # larger weights make attention peaked and every position's output distinct.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.3)
+    return model
+
+
+def stage_caches(model: GPT, batch_size: int = 1) -> list[KVCache]:
+    return [KVCache(model.config, last - first, batch_size) for first, last in STAGES]
+
+
+def staged_step(model: GPT, idx: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+    """Run idx [B, T] through the three stages after the positions already cached -> logits [B, T, V]."""
+    x = model.embed(idx, caches[0].length)
+    for (first, last), cache in zip(STAGES, caches):
+        x = model.run_layers(x, first, last, cache)
+    return model.head(x)
+
+
+def random_tokens(batch_size: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, TINY.vocab_size, (batch_size, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def test_stage_partitioned_forward_matches_monolithic():
+    model = make_model()
+    idx = random_tokens(2, 20)
+    x = model.embed(idx, 0)
+    for first, last in STAGES:
+        x = model.run_layers(x, first, last)
+    torch.testing.assert_close(model.head(x), model(idx))
+
+
+@torch.inference_mode()
+def test_forward_is_causal():
+    model = make_model()
+    idx = random_tokens(1, 12)
+    changed = idx.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % TINY.vocab_size
+    logits, logits_changed = model(idx), model(changed)
+    torch.testing.assert_close(logits[:, :-1], logits_changed[:, :-1])
+    assert not torch.allclose(logits[:, -1], logits_changed[:, -1])
+
+
+@torch.inference_mode()
+def test_cached_greedy_decode_matches_uncached():
+    model = make_model()
+    prompt = random_tokens(2, 5)
+    caches = stage_caches(model, batch_size=2)
+    cached_logits = [staged_step(model, prompt, caches)]
+    seq = prompt
+    for _ in range(12):
+        next_token = cached_logits[-1][:, -1].argmax(dim=-1, keepdim=True)  # [B, 1]
+        seq = torch.cat([seq, next_token], dim=1)
+        cached_logits.append(staged_step(model, next_token, caches))
+    assert [cache.length for cache in caches] == [seq.size(1)] * 3
+
+    full = model(seq)  # [B, T, V]
+    torch.testing.assert_close(torch.cat(cached_logits, dim=1), full)
+    # Uncached greedy decoding from the same prompt picks the same tokens.
+    uncached = prompt
+    for _ in range(12):
+        uncached = torch.cat([uncached, model(uncached)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    assert torch.equal(uncached, seq)
+
+
+@torch.inference_mode()
+def test_block_append_matches_one_by_one_and_truncate_rolls_back():
+    model = make_model()
+    prompt, draft, correction = random_tokens(1, 6, seed=2), random_tokens(1, 4, seed=3), random_tokens(1, 3, seed=4)
+
+    block_caches = stage_caches(model)
+    staged_step(model, prompt, block_caches)
+    block_logits = staged_step(model, draft, block_caches)  # speculative verify: 4 tokens in one pass
+
+    single_caches = stage_caches(model)
+    staged_step(model, prompt, single_caches)
+    single_logits = torch.cat([staged_step(model, draft[:, i : i + 1], single_caches) for i in range(4)], dim=1)
+    torch.testing.assert_close(block_logits, single_logits)
+
+    # Accept two draft tokens, roll back the other two, continue with different tokens.
+    for cache in block_caches:
+        cache.truncate(prompt.size(1) + 2)
+    rolled_back_logits = staged_step(model, correction, block_caches)
+
+    fresh_caches = stage_caches(model)
+    staged_step(model, torch.cat([prompt, draft[:, :2]], dim=1), fresh_caches)
+    fresh_logits = staged_step(model, correction, fresh_caches)
+    torch.testing.assert_close(rolled_back_logits, fresh_logits)
+    torch.testing.assert_close(rolled_back_logits, model(torch.cat([prompt, draft[:, :2], correction], dim=1))[:, -3:])
+    assert block_caches[0].length == prompt.size(1) + 2 + correction.size(1)
+
+
+def test_truncate_rejects_bad_lengths_and_reset_empties():
+    cache = KVCache(TINY, n_layers=2)
+    model = make_model()
+    with torch.inference_mode():
+        model.run_layers(model.embed(random_tokens(1, 4), 0), 0, 2, cache)
+    assert cache.length == 4
+    for bad in (-1, 5):
+        with pytest.raises(ValueError):
+            cache.truncate(bad)
+    assert cache.length == 4
+    cache.truncate(4)
+    cache.truncate(0)
+    assert cache.length == 0
+    cache.length = 3
+    cache.reset()
+    assert cache.length == 0
+
+
+def test_positions_past_block_size_raise():
+    model = make_model()
+    with pytest.raises(ValueError):
+        model.embed(random_tokens(1, TINY.block_size + 1), 0)
+    with pytest.raises(ValueError):
+        model.embed(random_tokens(1, 2), TINY.block_size - 1)
+    model.embed(random_tokens(1, 2), TINY.block_size - 2)  # the very last positions are fine
+    cache = KVCache(TINY, n_layers=2)
+    cache.length = TINY.block_size - 1
+    with pytest.raises(ValueError):
+        model.run_layers(torch.zeros(1, 2, TINY.n_embd), 0, 2, cache)
+
+
+def test_run_layers_rejects_mismatched_cache():
+    model = make_model()
+    x = torch.zeros(1, 3, TINY.n_embd)
+    with pytest.raises(ValueError):
+        model.run_layers(x, 0, 2, KVCache(TINY, n_layers=3))
+    with pytest.raises(ValueError):
+        model.run_layers(x, 0, 2, KVCache(TINY, n_layers=2, batch_size=2))
+    with pytest.raises(ValueError):
+        model.run_layers(x, 4, 7)
+
+
+def test_encode_decode_round_trip():
+    text = "def f(x):\n    return x  # ünïcode ✓"
+    ids = encode(text)
+    assert all(0 <= i < 256 for i in ids) and len(ids) > len(text)
+    assert decode(ids) == text
+    assert decode(ids[:-1]).endswith("\ufffd")  # a cut multi-byte character is replaced, not an error
+
+
+def test_corpus_is_deterministic_and_non_trivial():
+    first, second = build_corpus(), build_corpus()
+    assert first.train == second.train and first.val == second.val and first.sha256 == second.sha256
+    assert len(first.train) > 1_000_000 and len(first.val) > 100_000
+    assert b"def " in first.train and b"import " in first.val
+    assert not any(part in ("test", "site-packages") for path in first.files for part in path.split("/")[:-1])
+
+
+def test_load_model_rejects_unknown_name(tmp_path):
+    with pytest.raises(ValueError, match="draft"):
+        train.load_model("nope", cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # rejected before any training
+
+
+@pytest.fixture
+def tiny_recipe(monkeypatch):
+    """Swap the real recipe for one that trains in well under a second, and count the trainings."""
+    tiny_train = train.TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1, eval_windows=4)
+    byte_level = dataclasses.replace(TINY, vocab_size=256)  # the corpus holds every byte value
+    models = {"target": dataclasses.replace(byte_level, n_layer=2), "draft": dataclasses.replace(byte_level, n_layer=1)}
+    monkeypatch.setattr(train, "MODEL_CONFIGS", models)
+    monkeypatch.setattr(train, "TRAIN_CONFIGS", {"target": tiny_train, "draft": tiny_train})
+    calls = []
+    real_train_model = train.train_model
+
+    def counting_train_model(name, corpus):
+        calls.append(name)
+        return real_train_model(name, corpus)
+
+    monkeypatch.setattr(train, "train_model", counting_train_model)
+    return calls
+
+
+def test_training_is_cached_shared_and_keyed_by_recipe(tmp_path, monkeypatch, tiny_recipe):
+    results = []
+    workers = [threading.Thread(target=lambda: results.append(train.ensure_trained(tmp_path))) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert tiny_recipe == ["target", "draft"]  # the lock let exactly one caller train
+    assert len({result["key"] for result in results}) == 1
+    meta = results[0]
+    assert set(meta) >= {"target", "draft", "unigram_val_loss", "corpus_bytes", "train_seconds"}
+    assert meta["target"]["params"] == train.load_model("target", tmp_path).num_params()
+
+    draft = train.load_model("draft", tmp_path)
+    assert not draft.training and next(draft.parameters()).dtype == torch.float32
+    assert tiny_recipe == ["target", "draft"]  # loading reads the cache
+
+    monkeypatch.setattr(train, "TRAIN_CONFIGS", {name: dataclasses.replace(cfg, steps=4) for name, cfg in train.TRAIN_CONFIGS.items()})
+    train.ensure_trained(tmp_path)
+    assert tiny_recipe == ["target", "draft"] * 2  # a changed recipe invalidates the cache
+    assert len(list(tmp_path.glob("*.pt"))) == 2  # stale weights are cleaned up
+
+
+def test_training_is_deterministic(tmp_path, tiny_recipe):
+    first = train.ensure_trained(tmp_path / "a")
+    second = train.ensure_trained(tmp_path / "b")
+    assert first["target"]["val_loss"] == second["target"]["val_loss"]
+    for name in ("target", "draft"):
+        a, b = train.load_model(name, tmp_path / "a"), train.load_model(name, tmp_path / "b")
+        for (key, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(pa, pb), key
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_trained_models_learned_and_decode_consistently():
+    """Loads (training once, ~2-3 minutes, if not cached) the real target."""
+    meta = train.ensure_trained()
+    assert meta["target"]["val_loss"] < meta["draft"]["val_loss"] < meta["unigram_val_loss"]
+    assert meta["target"]["val_loss"] < meta["unigram_val_loss"] - 0.5
+    model = train.load_model("target")
+    prompt = torch.tensor([encode("import os\n\ndef main(")])
+    caches = [KVCache(model.config, n, 1) for n in (2, 2, 2)]
+    x = model.embed(prompt, 0)
+    for (first, last), cache in zip(STAGES, caches):
+        x = model.run_layers(x, first, last, cache)
+    seq, logits = prompt, model.head(x)[:, -1]
+    for _ in range(16):
+        token = logits.argmax(dim=-1, keepdim=True)
+        torch.testing.assert_close(logits, model(seq)[:, -1], atol=1e-4, rtol=1e-4)
+        seq = torch.cat([seq, token], dim=1)
+        x = model.embed(token, caches[0].length)
+        for (first, last), cache in zip(STAGES, caches):
+            x = model.run_layers(x, first, last, cache)
+        logits = model.head(x)[:, -1]
