@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -84,16 +85,25 @@ class Agent:
     # --- network -------------------------------------------------------------------------------
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
-        """Read frames from one upstream connection into the inbox; a bad frame closes this connection only."""
-        reader = wire.FrameReader(stream)
+        """Read frames from one upstream connection into the inbox; a bad frame closes this connection only.
+
+        Frames come at the lap's regular period, so the reader polls around the predicted arrival
+        rather than sleeping through it (see testbed.clock.ArrivalPredictor).
+        """
+        raw = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        raw.setblocking(False)
+        predictor = clock.ArrivalPredictor()
+        reader = wire.FrameReader(stream, lambda n: clock.receive_polling(stream, raw.recv, predictor, n))
         try:
             while (item := await reader.read()) is not None:
+                predictor.observe(item[1])
                 await self.inbox_send.send(item)
         except WireError as exc:
             log(self.spec, f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
             log(self.spec, f"upstream connection broke: {exc}")
         finally:
+            raw.close()
             await trio.aclose_forcefully(stream)
 
     async def dial(self, address: tuple[str, int]) -> None:

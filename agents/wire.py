@@ -20,6 +20,7 @@ import enum
 import struct
 import time
 from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable
 
 import numpy as np
 import trio
@@ -34,7 +35,7 @@ MAX_NDIM = 4
 MAX_STAMPS = 64
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a 2000-token prefill of a wide model still fits
 MAX_DIM = 1 << 24
-RECEIVE_CHUNK = 256 * 1024
+RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive
 
 
 class Kind(enum.IntEnum):
@@ -194,14 +195,16 @@ def decode(data: bytes) -> Frame:
 class FrameReader:
     """Reads whole frames from a Trio byte stream, with a bounded buffer."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream,
+                 receive: Callable[[int], Awaitable[bytes]] | None = None) -> None:
         self._stream = stream
+        self._receive = receive or stream.receive_some
         self._buffer = bytearray()
 
     async def _fill(self, size: int) -> bool:
         while len(self._buffer) < size:
             try:
-                chunk = await self._stream.receive_some(RECEIVE_CHUNK)
+                chunk = await self._receive(RECEIVE_CHUNK)
             except (trio.BrokenResourceError, OSError) as exc:
                 raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
             if not chunk:

@@ -24,8 +24,11 @@ import math
 import os
 import random
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -102,17 +105,46 @@ async def _close_direction(stream: trio.abc.SendStream) -> None:
     await trio.aclose_forcefully(stream)
 
 
+SO_TIMESTAMPNS = 35  # Linux: the kernel stamps each received skb (CLOCK_REALTIME); not in Python's socket module
+TIMESPEC = struct.Struct("qq")
+
+
+def kernel_arrival_receiver(stream: trio.SocketStream) -> Callable[[], Awaitable[tuple[bytes, float]]]:
+    """Receive with the kernel's arrival stamp, so the relay's own wake-up after a long sleep (0.5-1 ms on
+    these VMs) is not added to the link: the deadline counts from when the bytes reached the relay."""
+    sock = stream.socket
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    ancillary = socket.CMSG_SPACE(TIMESPEC.size)
+
+    async def receive() -> tuple[bytes, float]:
+        data, ancdata, _flags, _addr = await sock.recvmsg(RELAY_CHUNK, ancillary)
+        received = clock.now()
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:
+                seconds, nanoseconds = TIMESPEC.unpack_from(payload)
+                realtime_offset = time.clock_gettime(time.CLOCK_REALTIME) - clock.now()
+                return data, min(received, seconds + nanoseconds * 1e-9 - realtime_offset)
+        return data, received
+
+    return receive
+
+
 async def _shaped_pump(src: trio.abc.ReceiveStream, dst: trio.abc.SendStream, timing: LinkTiming,
                        clk: RelayClock) -> None:
     send_channel, receive_channel = trio.open_memory_channel[tuple[float, bytes]](QUEUE_CHUNKS)
+    if isinstance(src, trio.SocketStream) and clk is MONOTONIC:
+        receive = kernel_arrival_receiver(src)
+    else:
+        async def receive() -> tuple[bytes, float]:
+            return await src.receive_some(RELAY_CHUNK), clk.now()
 
     async def receiver() -> None:
         async with send_channel:
             while True:
-                chunk = await src.receive_some(RELAY_CHUNK)
+                chunk, arrival = await receive()
                 if not chunk:
                     return
-                await send_channel.send((timing.deadline(clk.now(), len(chunk)), chunk))
+                await send_channel.send((timing.deadline(arrival, len(chunk)), chunk))
 
     async def sender() -> None:
         async with receive_channel:

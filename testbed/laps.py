@@ -12,6 +12,7 @@ from testbed import physics
 from testbed.config import Scenario
 from testbed.metrics import RunMetrics
 
+SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
 HISTORY_WINDOW_LAPS = 8  # the live rate is over this many recent laps
 MAX_HISTORY_POINTS = 2000
 
@@ -143,6 +144,18 @@ class RunStats:
         for link in self.scenario.ring:
             self.metrics.hop_configured_latency_seconds.labels(hop=link.name).set(link.delay_ms / 1e3)
 
+    def self_check(self) -> list[dict] | None:
+        """Per-hop one-way latency of the probe frames sent before the first lap, against the configuration."""
+        if not self.probes:
+            return None
+        checks = []
+        for i, link in enumerate(self.scenario.ring):
+            measured = float(np.median([p[i] for p in self.probes])) * 1e3
+            tolerance = SELF_CHECK_BASE_TOLERANCE_MS + 0.02 * link.delay_ms + 3 * link.jitter_ms
+            checks.append({"hop": link.name, "configured_ms": link.delay_ms, "measured_ms_p50": measured,
+                           "tolerance_ms": tolerance, "ok": abs(measured - link.delay_ms) <= tolerance})
+        return checks
+
     @property
     def decode_laps(self) -> list[Lap]:
         return [lap for lap in self.laps if lap.kind in ("decode", "spec")]
@@ -180,11 +193,7 @@ class RunStats:
             ttft = {"prompt_tokens": first.n_tok, "measured_s": first.duration_s,
                     "prefill_compute_s": first.compute_s,
                     "predicted_s": physics.ttft(first.compute_s, sc.t_ring_s)}
-        self_check = None
-        if self.probes:
-            self_check = [{"hop": link.name, "configured_ms": link.delay_ms,
-                           "measured_ms_p50": float(np.median([p[i] for p in self.probes])) * 1e3}
-                          for i, link in enumerate(sc.ring)]
+        self_check = self.self_check()
         summary = {
             "scenario": sc.name, "description": sc.description, "shaper": self.shaper,
             "shaper_reason": self.shaper_reason, "phase": self.phase, "mode": sc.decode.mode,

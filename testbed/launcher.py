@@ -144,6 +144,8 @@ class Launcher:
         """Apply a run-time event; True when the run is complete."""
         kind = event["event"]
         if kind == "lap":
+            if not self.stats.laps:
+                self._warn_off_links()
             self.stats.add_lap(event)
         elif kind == "probe":
             self.stats.add_probe(event)
@@ -153,6 +155,13 @@ class Launcher:
             self.stats.extra["generated_tokens"] = event.get("tokens")
             return True
         return False
+
+    def _warn_off_links(self) -> None:
+        for check in self.stats.self_check() or []:
+            if not check["ok"]:
+                self.log(f"warning: link {check['hop']} measured {check['measured_ms_p50']:.3f} ms one-way before "
+                         f"the first lap, configured {check['configured_ms']:.3f} ms "
+                         f"(tolerance {check['tolerance_ms']:.3f} ms)")
 
     async def run(self) -> dict:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
