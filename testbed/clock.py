@@ -57,7 +57,8 @@ class ArrivalPredictor:
         periods = sorted(b - a for a, b in zip(self._arrivals, self._arrivals[1:]))
         period = periods[len(periods) // 2]
         expected = self._arrivals[-1] + period
-        return expected - self.lead_s - 0.05 * period, expected + max(self.lead_s, 0.25 * period)
+        # Laps are padded precisely, so arrivals rarely drift by more than a percent of the period.
+        return expected - self.lead_s - 0.01 * period, expected + max(self.lead_s, 0.1 * period)
 
 
 async def receive_polling(stream: trio.SocketStream, raw_recv, predictor: ArrivalPredictor | None,
