@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 LONG_RING_MS = [20.0, 20.0, 20.0]
 STAGE_MS = 3.0
-DRAFT_MS = 3.0  # above the calibrated draft's real per-token cost (a full local target step, ~1 ms)
+DRAFT_MS = 5.0  # the paper's c_d; above the calibrated draft's real per-token cost (a full target step, 1.5-4 ms)
 ALPHA, K = 0.8, 4
 
 
@@ -43,7 +43,7 @@ def test_measured_r_spec_matches_the_formula(long_ring):
     predicted = spec["gamma_measured"] / round_s
     tolerance = rate_tolerance(s["stages"], round_s)
     assert s["measured_tok_s"] == pytest.approx(predicted, rel=tolerance)
-    assert spec["draft_per_token_s"] == pytest.approx(DRAFT_MS / 1e3, rel=0.05)  # emulated c_d held
+    assert spec["draft_per_token_s"] == pytest.approx(DRAFT_MS / 1e3, rel=0.1)  # emulated c_d held
 
 
 def test_calibrated_draft_gamma_matches_gamma_of_alpha(long_ring):
@@ -67,12 +67,12 @@ def test_speculation_beats_plain_by_the_predicted_factor(long_ring):
 
 
 def test_k_sweep_peaks_where_the_formula_says():
-    # alpha 0.6 with (C + T_ring) / c_d = 20: K* = 4, and K = 2 or K = 7 already cost 5-7%
-    scenario = ring_scenario([10.0, 10.0, 11.0], compute_ms=3.0, tokens=1, mode="speculative",
-                             draft="calibrated", alpha=0.6, draft_ms=2.0, k_sweep=list(range(1, 9)),
-                             rounds_per_k=60, k_max=8)
+    # alpha 0.5 with (C + T_ring) / c_d = 20: K* = 3; K = 1 costs 12% and K = 6 costs 6%
+    ks = list(range(1, 7))
+    scenario = ring_scenario([20.0, 25.0, 26.0], compute_ms=3.0, tokens=1, mode="speculative",
+                             draft="calibrated", alpha=0.5, draft_ms=4.0, k_sweep=ks, rounds_per_k=80, k_max=6)
     spec = run(scenario)["spec"]
-    assert [row["k"] for row in spec["per_k"]] == list(range(1, 9))
+    assert [row["k"] for row in spec["per_k"]] == ks
     assert abs(spec["k_star_measured"] - spec["k_star_predicted"]) <= 1, spec["per_k"]
-    k_star, _ = physics.best_k(0.6, spec["draft_per_token_s"], spec["verify_compute_s"], scenario.t_ring_s, 8)
+    k_star, _ = physics.best_k(0.5, spec["draft_per_token_s"], spec["verify_compute_s"], scenario.t_ring_s, 6)
     assert spec["k_star_predicted"] == k_star

@@ -16,7 +16,7 @@ from testbed import physics
 
 pytestmark = pytest.mark.slow
 
-RINGS = [[0.0, 0.0, 0.0], [5.0, 3.0, 8.0], [10.0, 6.0, 14.0], [20.0, 15.0, 25.0]]  # T_ring 0, 16, 30, 60 ms
+RINGS = [[0.0, 0.0, 0.0], [5.0, 3.0, 8.0], [20.0, 15.0, 25.0], [40.0, 35.0, 45.0]]  # T_ring 0, 16, 60, 120 ms
 STAGE_COMPUTE_MS = 30.0  # C = 90 ms: long enough that the ~5 ms/lap testbed overhead is a few percent
 SLOPE_TOLERANCE = 0.03
 
@@ -31,8 +31,12 @@ def rings():
 
 
 def test_lap_time_grows_one_for_one_with_t_ring(rings):
-    t_ring = np.array([sc.t_ring_s for sc, _ in rings])
-    lap_minus_c = np.array([1 / s["measured_tok_s"] - s["compute_s"] for _, s in rings])
+    # Rings whose hops all have a delay: there the relay's own wake-up hides behind the delay, so the
+    # overhead is the same on every ring (on a zero-delay hop it is not; that ring is checked below).
+    delayed = [(sc, s) for sc, s in rings if all(link.delay_ms >= 2 for link in sc.ring)]
+    assert len(delayed) >= 3
+    t_ring = np.array([sc.t_ring_s for sc, _ in delayed])
+    lap_minus_c = np.array([1 / s["measured_tok_s"] - s["compute_s"] for _, s in delayed])
     slope, intercept = np.polyfit(t_ring, lap_minus_c, 1)
     assert slope == pytest.approx(1.0, abs=SLOPE_TOLERANCE), (slope, intercept)
     # the intercept is the testbed's own overhead per lap: within budget
