@@ -4,15 +4,16 @@ Each case drives the real command line (`python -m testbed run SCENARIO --shaper
 --metrics-port 0`) as a subprocess and looks at the kernel with iproute2 (`ip netns list`, `ip -o
 link`) and at the process table (`pgrep -f` on a token that only this test's stage names carry: an
 agent's command line holds its own stage name in its --spec JSON). The run's prefix is learnt by
-watching `ip netns list` for new testbed namespaces while the run starts.
+watching /run/netns for new testbed namespaces while the run starts (then confirmed with `ip netns
+list`); "mid-run" means the exporter (--metrics-port 0, address read from the output) counts decode laps.
 
 Needs root and a kernel with sch_netem; skipped otherwise (with the probe's reason). On a kernel
 without netem, run it inside user-mode-linux:
 
     python -m netem.uml --timeout 900 -- .venv/bin/python -m pytest -m netem tests/test_netem_cleanup.py -v
 
-Inside UML each run takes ~30-40 s (the launcher and every agent import torch from hostfs); the file
-takes ~2 minutes there.
+Inside UML each run takes ~50-100 s (the launcher and then every agent import torch from hostfs, on one
+vCPU); the file took 170-290 s there, depending on how busy the shared host was.
 """
 
 from __future__ import annotations
