@@ -62,7 +62,7 @@ def test_speculation_beats_plain_by_the_predicted_factor(long_ring):
     predicted = spec["predicted_tok_s"] / plain["predicted_tok_s"]
     tolerance = (rate_tolerance(3, 1 / plain["predicted_tok_s"])
                  + rate_tolerance(3, spec["spec"]["round_s"]))
-    assert measured > 2.5
+    assert measured > 2.0
     assert measured == pytest.approx(predicted, rel=tolerance)
 
 
