@@ -7,8 +7,10 @@ import time
 import trio
 
 # Trio's epoll timeouts round up to whole milliseconds (measured here: trio.sleep is 0.3-1.3 ms late),
-# so sleep until this much before the deadline, then spin on checkpoints.
+# so sleep until this much before the deadline, then spin on checkpoints. Long sleeps on these VMs wake
+# later still (a process idle for 100+ ms is slow to get going again), so the margin grows with the wait.
 SPIN_MARGIN_S = 0.0015
+SPIN_MARGIN_FRACTION = 0.02
 
 now = time.monotonic
 
@@ -16,6 +18,7 @@ now = time.monotonic
 async def sleep_until(deadline: float, *, margin_s: float = SPIN_MARGIN_S) -> None:
     """Wait until `deadline` (monotonic seconds) with ~microsecond error, yielding to other tasks while spinning."""
     remaining = deadline - now()
+    margin_s += SPIN_MARGIN_FRACTION * remaining
     if remaining > margin_s:
         await trio.sleep(remaining - margin_s)
     while now() < deadline:
@@ -25,6 +28,7 @@ async def sleep_until(deadline: float, *, margin_s: float = SPIN_MARGIN_S) -> No
 def spin_until(deadline: float, *, margin_s: float = SPIN_MARGIN_S) -> None:
     """Blocking variant for synchronous code: sleep most of the way, then busy-wait."""
     remaining = deadline - now()
+    margin_s += SPIN_MARGIN_FRACTION * remaining
     if remaining > margin_s:
         time.sleep(remaining - margin_s)
     while now() < deadline:
