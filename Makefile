@@ -41,7 +41,8 @@ bench: $(STAMP)
 	$(PY) -m testbed bench --shapers userspace,netem
 
 sweep: $(STAMP)
-	$(PY) -m testbed sweep geo-ring --k 1..24 --json $(RESULTS)/sweep.json
+	$(PY) -m testbed sweep geo-ring --k 2,4,6,8,12,16,21 --alpha 0.6,0.7,0.8,0.9 --rounds 40 \
+		--set scale=0.5 --json $(RESULTS)/sweep.json
 
 report: $(STAMP)
 	$(PY) -m testbed report $(RESULTS) --out $(RESULTS)
