@@ -80,7 +80,6 @@ class Agent:
         self.compute_s = spec.compute_ms / 1e3
         self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](16)
         self.out: trio.SocketStream | None = None
-        self.listeners: list[trio.SocketListener] = []
 
     # --- network -------------------------------------------------------------------------------
 

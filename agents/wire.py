@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import numpy as np
@@ -76,13 +76,6 @@ class Frame:
     flags: int = 0
     tensor: np.ndarray | None = None
     stamps: tuple[Stamp, ...] = field(default_factory=tuple)
-
-    def with_stamp(self, stamp: Stamp, tensor: np.ndarray | None = None) -> "Frame":
-        return replace(self, stamps=self.stamps + (stamp,), tensor=self.tensor if tensor is None else tensor)
-
-    def encoded_size(self, extra_stamps: int = 0) -> int:
-        payload = 0 if self.tensor is None else self.tensor.nbytes
-        return HEADER.size + (len(self.stamps) + extra_stamps) * STAMP.size + payload
 
 
 def encode(frame: Frame) -> bytes:

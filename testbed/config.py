@@ -38,7 +38,6 @@ class DecodeConfig:
     draft: str = "trained"
     alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
     draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
-    streams: int = 1
     k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
     rounds_per_k: int = 30
 
@@ -280,7 +279,6 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         draft=_string(dec, "draft", "trained", source, "decode", DRAFT_KINDS),
         alpha=_number(dec, "alpha", 0.8, source, "decode", maximum=1.0),
         draft_ms=_number(dec, "draft_ms", 0.0, source, "decode", maximum=60_000) * scale,
-        streams=_number(dec, "streams", 1, source, "decode", minimum=1, maximum=64, integer=True),
         k_sweep=_k_list(dec.get("k_sweep", []), source),
         rounds_per_k=_number(dec, "rounds_per_k", 30, source, "decode", minimum=1, maximum=100_000, integer=True),
     )

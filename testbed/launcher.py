@@ -16,7 +16,7 @@ import trio
 from netem.base import Shaper
 from netem.userspace import stop_process
 from testbed.config import Scenario, split_layers
-from testbed.errors import AgentFailed, PeerTimeout, TestbedError
+from testbed.errors import AgentFailed, PeerTimeout
 from testbed.laps import RunStats
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
@@ -165,7 +165,6 @@ class Launcher:
 
     async def run(self) -> dict:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
-        from agents.model import GPTConfig  # noqa: F401  (fail early if the model code is broken)
         from agents.train import TARGET_CONFIG
 
         from agents.train import ensure_trained
@@ -253,5 +252,3 @@ async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, stats: 
     launcher = Launcher(scenario, shaper, stats, log=log, echo_agent_stderr=echo_agent_stderr)
     return await launcher.run()
 
-
-__all__ = ["Launcher", "run_scenario", "new_run_id", "TestbedError"]

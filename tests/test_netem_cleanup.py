@@ -32,9 +32,8 @@ from pathlib import Path
 import pytest
 
 from netem.plan import is_testbed_name
-from netem.probe import probe
 
-pytestmark = pytest.mark.netem
+pytestmark = [pytest.mark.netem, pytest.mark.usefixtures("netem_capable")]
 
 REPO = Path(__file__).resolve().parent.parent
 N_STAGES = 3
@@ -46,14 +45,6 @@ POLL_S = 0.5  # UML has one vCPU for the test, the launcher and the agents: poll
 METRICS_URL = re.compile(r"(http://127\.0\.0\.1:\d+/metrics)")
 LAPS = re.compile(r'^testbed_laps_total\{kind="plain"\} ([0-9.e+]+)$', re.M)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def netem_capable():
-    caps = probe()
-    if not caps.netem_ready:
-        pytest.skip(f"kernel netem backend unavailable: {caps.detail} "
-                    "(run: python -m netem.uml -- python -m pytest -m netem tests/test_netem_cleanup.py)")
-    return caps
 
 
 # ------------------------------------------------------------------------------------------------

@@ -40,10 +40,9 @@ from netem.kernel import (
     read_sysctl,
 )
 from netem.plan import INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
-from netem.probe import probe
 from testbed.errors import ShapingError
 
-pytestmark = pytest.mark.netem
+pytestmark = [pytest.mark.netem, pytest.mark.usefixtures("netem_capable")]
 
 # A 3-stage ring plus one extra directed link (0 -> 2, whose reverse 2 -> 0 is also a ring link).
 LINKS = [
@@ -58,14 +57,6 @@ WIRE_OVERHEAD = (MTU_BYTES - 40 - 12) / (MTU_BYTES + 14)  # TCP/IP/options heade
 HEADER = struct.Struct("<QI")  # send time (ns), payload length
 IO_TIMEOUT_S = 20.0
 
-
-@pytest.fixture(scope="module", autouse=True)
-def netem_capable():
-    caps = probe()
-    if not caps.netem_ready:
-        pytest.skip(f"kernel netem backend unavailable: {caps.detail} "
-                    "(run: python -m netem.uml -- python -m pytest -m netem tests/test_netem_kernel.py)")
-    return caps
 
 
 def fresh_run_id() -> str:

@@ -32,7 +32,6 @@ with netem the overhead is far smaller and these bounds hold with room to spare.
 
 import pytest
 
-from netem.probe import probe
 from tests.ringutil import ring_scenario, run
 from testbed import physics
 
@@ -46,14 +45,6 @@ COMPUTE_MS = 10.0
 TOKENS = 30
 RINGS = [[5.0, 5.0, 5.0], [15.0, 10.0, 20.0]]
 
-
-@pytest.fixture(scope="module")
-def netem_capable():
-    caps = probe()
-    if not caps.netem_ready:
-        pytest.skip(f"kernel netem backend unavailable: {caps.detail} "
-                    "(run: python -m netem.uml -- python -m pytest -m netem tests/test_netem_ring.py)")
-    return caps
 
 
 @pytest.fixture(scope="module", params=RINGS, ids=lambda h: f"T_ring={sum(h):g}ms")
