@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RESULTS := results
 PYTEST_ARGS ?=
 
-.PHONY: all setup geo-ring test test-fast test-netem bench sweep report clean-net clean
+.PHONY: all setup system-deps geo-ring test test-fast test-netem bench sweep report clean-net clean
 
 all: test
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# System commands the suite calls (user-mode-linux, kmod, gcc, prometheus, iproute2); needs root.
+system-deps:
+	bash .ci/system-deps
 
 geo-ring: $(STAMP)
 	$(PY) -m testbed run geo-ring --phases plain,speculative --set decode.k=auto --json $(RESULTS)/geo-ring.json

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", str(SUITE_TIMEOUT_S), "--",
                                 *pytest_cmd])
     banner(f"netem suite SKIPPED: kernel lacks it ({caps.detail}) and user-mode-linux is unavailable ({reason}). "
-           "Install it: apt-get install user-mode-linux")
+           "Install what it needs (as root): make system-deps")
     return 1 if os.environ.get(REQUIRE_ENV) == "1" else 0
 
 

@@ -57,6 +57,8 @@ UML_BINARY_NAMES = ("linux.uml", "linux")
 GUEST_MODULES = ("veth", "sch_netem", "sch_tbf", "sch_htb", "ifb")
 REQUIRED_MODULES = ("veth", "sch_netem")
 GUEST_PATH_DEFAULT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Commands the guest's init runs (on the host's filesystem, with GUEST_PATH_DEFAULT) -> Debian package.
+GUEST_TOOLS = {"insmod": "kmod", "ip": "iproute2", "mount": "mount"}
 KILL_GRACE_S = 5.0
 UML_XSTATE_BUFFER_BYTES = 832  # sizeof(struct _xstate) in UML 6.1: legacy 512 + header 64 + YMMH 256
 # Not carried into the guest: per-host-session noise, and our own shim (the guest must not load it).
@@ -229,11 +231,21 @@ def host_needs_xstate_shim() -> bool:
     return bool(re.search(r"^flags\s*:.*\b(avx512f|amx_tile)\b", flags, re.M))
 
 
+def missing_guest_tools(path: str = GUEST_PATH_DEFAULT) -> dict[str, str]:
+    """The commands the guest's init needs that are not on the host filesystem: {command: Debian package}."""
+    return {tool: package for tool, package in GUEST_TOOLS.items() if shutil.which(tool, path=path) is None}
+
+
 def uml_available() -> tuple[bool, str]:
     """Whether `python -m netem.uml` can run here, and why not (without booting it)."""
     binary = find_uml_binary()
     if binary is None:
         return False, "user-mode-linux is not installed (no linux.uml on PATH; apt-get install user-mode-linux)"
+    missing = missing_guest_tools()
+    if missing:
+        # Without insmod the guest boots but cannot load sch_netem/veth: fail here, not in the guest.
+        return False, (f"the UML guest's init needs {', '.join(sorted(missing))}, not found on {GUEST_PATH_DEFAULT} "
+                       f"(apt-get install {' '.join(sorted(set(missing.values())))})")
     moddir = module_dir()
     if moddir is None:
         return False, f"no UML kernel modules under {UML_MODULES_ROOT} (reinstall user-mode-linux)"

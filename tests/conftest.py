@@ -13,3 +13,18 @@ def netem_capable(request):
         pytest.skip(f"kernel netem backend unavailable: {caps.detail} "
                     f"(run: python -m netem.uml -- python -m pytest -m netem tests/{request.path.name})")
     return caps
+
+
+SYSTEM_DEPS_HINT = "apt-get install"  # every skip for a missing system package names its install command
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say loudly which tests were skipped for a missing system package, and the one command that installs all."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if SYSTEM_DEPS_HINT in str(r.longrepr)]
+    if not skipped:
+        return
+    reasons = sorted({str(r.longrepr[2]) if isinstance(r.longrepr, tuple) else str(r.longrepr) for r in skipped})
+    terminalreporter.write_sep("!", f"{len(skipped)} tests SKIPPED: system packages missing", red=True, bold=True)
+    for reason in reasons:
+        terminalreporter.write_line(f"  {reason}")
+    terminalreporter.write_line("  Install everything the suite needs (as root): make system-deps")

@@ -117,14 +117,14 @@ def test_prometheus_yml_scrapes_the_exporter_every_second():
     assert re.search(r"^\s*-\s*job_name:\s*\S+", text, re.MULTILINE)
 
 
-@pytest.mark.skipif(not Path(PROMTOOL).exists(), reason=f"{PROMTOOL} not installed (Debian package prometheus)")
+@pytest.mark.skipif(not Path(PROMTOOL).exists(), reason=f"{PROMTOOL} not installed (apt-get install prometheus)")
 def test_promtool_accepts_prometheus_yml():
     result = subprocess.run([PROMTOOL, "check", "config", str(PROMETHEUS_YML)], capture_output=True, text=True,
                             timeout=PROMTOOL_TIMEOUT_S, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.skipif(not Path(PROMTOOL).exists(), reason=f"{PROMTOOL} not installed (Debian package prometheus)")
+@pytest.mark.skipif(not Path(PROMTOOL).exists(), reason=f"{PROMTOOL} not installed (apt-get install prometheus)")
 def test_promtool_parses_every_panel_expression(tmp_path):
     """Each expression becomes a recording rule; `promtool check rules` runs the real PromQL parser on it."""
     rules = ["groups:", "  - name: grafana-panels", "    rules:"]

@@ -105,6 +105,20 @@ def test_uml_guest_environment_drops_host_only_variables():
     assert "PATH" in guest_environment({})
 
 
+def test_uml_prerequisites_name_the_missing_guest_tool_and_its_package(tmp_path):
+    from netem.uml import missing_guest_tools
+
+    def fake_tool(name):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+
+    fake_tool("ip")
+    assert missing_guest_tools(str(tmp_path)) == {"insmod": "kmod", "mount": "mount"}
+    fake_tool("insmod")
+    fake_tool("mount")
+    assert missing_guest_tools(str(tmp_path)) == {}
+
+
 @pytest.mark.slow
 def test_uml_runs_a_command_and_returns_its_status(tmp_path):
     from netem.uml import run, uml_available
