@@ -27,8 +27,8 @@ import trio
 from agents import wire
 from agents.model import encode as encode_text
 from agents.stage import PipelineStage, StagePlan
-from testbed import clock
-from testbed.errors import LinkBroken, PeerTimeout, TestbedError, WireError, leaf_errors
+from testbed.core import clock
+from testbed.core.errors import LinkBroken, PeerTimeout, TestbedError, WireError, leaf_errors
 
 CONNECT_TIMEOUT_S = 30.0
 LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
@@ -87,7 +87,7 @@ class Agent:
         """Read frames from one upstream connection into the inbox; a bad frame closes this connection only.
 
         Frames come at the lap's regular period, so the reader polls around the predicted arrival
-        rather than sleeping through it (see testbed.clock.ArrivalPredictor).
+        rather than sleeping through it (see testbed.core.clock.ArrivalPredictor).
         """
         raw = socket.socket(fileno=os.dup(stream.socket.fileno()))
         raw.setblocking(False)

@@ -25,7 +25,7 @@ import torch
 
 from agents.model import GPT, KVCache
 from agents.model import encode as encode_text
-from testbed import clock, physics
+from testbed.core import clock, physics
 from testbed.metrics import SPEC_MAX_POSITIONS
 
 if TYPE_CHECKING:

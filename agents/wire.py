@@ -25,7 +25,7 @@ from typing import Awaitable, Callable
 import numpy as np
 import trio
 
-from testbed.errors import LinkBroken, WireError
+from testbed.core.errors import LinkBroken, WireError
 
 MAGIC = b"GRNG"
 VERSION = 1

@@ -23,7 +23,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from testbed.physics import gamma, spec_rate, wall_rate
+from testbed.core.physics import gamma, spec_rate, wall_rate
 
 DEFAULT_INTERVAL_S: Final = 0.5
 LINE_MIN_INTERVAL_S: Final = 2.0  # plain-text status lines at most this often (CI logs, pipes)

@@ -3,30 +3,8 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 
-Address = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """One directed link src -> dst of the emulated WAN.
-
-    Any latency matrix is a set of these; a ring is the special case dst = (src + 1) % N.
-    """
-
-    src: int
-    dst: int
-    delay_ms: float
-    jitter_ms: float = 0.0
-    loss_pct: float = 0.0
-    rate_mbit: float = 0.0  # 0 means unlimited
-    seed: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.src}->{self.dst}"
-
+from testbed.core.records import Address, LinkSpec
 
 class Shaper(abc.ABC):
     """A backend that places agents on an emulated network.

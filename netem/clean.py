@@ -16,7 +16,7 @@ import errno
 import sys
 
 from netem.plan import PREFIX_ROOT, is_testbed_name
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 
 def _link_names(ipr) -> list[tuple[int, str]]:

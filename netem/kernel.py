@@ -36,7 +36,8 @@ from typing import Any, Callable
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
-from netem.base import Address, LinkSpec, Shaper
+from netem.base import Shaper
+from testbed.core.records import Address, LinkSpec
 from netem.plan import (
     INITIAL_WINDOW_SEGMENTS,
     NetemPlan,
@@ -46,7 +47,7 @@ from netem.plan import (
     normal_distribution_table,
     plan_network,
 )
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 CLONE_NEWNET = 0x40000000
 SIOCETHTOOL = 0x8946

@@ -58,8 +58,8 @@ import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from netem.base import LinkSpec
-from testbed.errors import ShapingError
+from testbed.core.records import LinkSpec
+from testbed.core.errors import ShapingError
 
 PREFIX_ROOT = "gr"
 SHORT_ID_LEN = 5

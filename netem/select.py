@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from netem.base import LinkSpec, Shaper
+from netem.base import Shaper
+from testbed.core.records import LinkSpec
 from netem.probe import Capabilities, probe
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 KINDS = ("auto", "netem", "userspace")
 

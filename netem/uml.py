@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_MEM = "6G"  # 4 agents importing torch (~300-500 MB each) + launcher + page cache; pages are lazy

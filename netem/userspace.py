@@ -34,9 +34,10 @@ from typing import Awaitable, Callable
 
 import trio
 
-from netem.base import Address, LinkSpec, Shaper
-from testbed import clock
-from testbed.errors import ShapingError
+from netem.base import Shaper
+from testbed.core.records import Address, LinkSpec
+from testbed.core import clock
+from testbed.core.errors import ShapingError
 
 RELAY_CHUNK = 256 * 1024
 QUEUE_CHUNKS = 1024  # chunks in flight per link before the relay stops reading (TCP backpressure)

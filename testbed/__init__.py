@@ -1,6 +1,6 @@
 """geo-ring testbed: scenarios, launcher, physics, metrics and CLI."""
 
-from testbed.errors import (
+from testbed.core.errors import (
     AgentFailed,
     ConfigError,
     LinkBroken,

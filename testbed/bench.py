@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from netem.userspace import LinkTiming, RelayClock, relay
-from testbed import clock
+from testbed.core import clock
 from testbed.config import load_scenario
 
 RELAY_DELAYS_MS = (1, 2, 5, 10, 20, 50, 100)

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from testbed.config import DECODE_MODES, Scenario, builtin_names, load_scenario
-from testbed.errors import ConfigError, TestbedError, leaf_errors
+from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 
 DEFAULT_METRICS_PORT = 9464
 

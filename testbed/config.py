@@ -9,8 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from netem.base import LinkSpec
-from testbed.errors import ConfigError
+from testbed.core.records import LinkSpec
+from testbed.core.errors import ConfigError
 
 SCENARIO_PACKAGE = "testbed.scenarios"
 DECODE_MODES = ("plain", "speculative")

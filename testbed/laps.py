@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.model import decode as decode_bytes
-from testbed import physics
+from testbed.core import physics
 from testbed.config import Scenario
 from testbed.metrics import RunMetrics
 

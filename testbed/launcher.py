@@ -16,7 +16,7 @@ import trio
 from netem.base import Shaper
 from netem.userspace import stop_process
 from testbed.config import Scenario, split_layers
-from testbed.errors import AgentFailed, PeerTimeout
+from testbed.core.errors import AgentFailed, PeerTimeout
 from testbed.laps import RunStats
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from testbed.errors import ConfigError
-from testbed.physics import best_k, gamma, spec_rate, wall_rate
+from testbed.core.errors import ConfigError
+from testbed.core.physics import best_k, gamma, spec_rate, wall_rate
 
 DEFAULT_OUT_DIR: Final = "out/report"
 WALL_FIGURE: Final = "fig1_wall.png"

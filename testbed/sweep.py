@@ -16,7 +16,7 @@ from rich.table import Table
 
 from testbed.cli import ensure_models, scenario_from_args
 from testbed.config import parse_k_range
-from testbed.errors import ConfigError
+from testbed.core.errors import ConfigError
 
 TABLE3_KS = (4, 8, 16)
 

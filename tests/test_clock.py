@@ -4,7 +4,7 @@ import pytest
 import trio
 import trio.testing
 
-from testbed import clock
+from testbed.core import clock
 
 
 async def test_sleep_until_is_precise():

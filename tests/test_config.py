@@ -3,7 +3,7 @@
 import pytest
 
 from testbed.config import builtin_names, load_scenario, split_layers
-from testbed.errors import ConfigError
+from testbed.core.errors import ConfigError
 
 GOOD = '''
 name = "t"

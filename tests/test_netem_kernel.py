@@ -28,7 +28,7 @@ import time
 import pytest
 import trio
 
-from netem.base import LinkSpec
+from testbed.core.records import LinkSpec
 from netem.clean import clean
 from netem.kernel import (
     KernelShaper,
@@ -40,7 +40,7 @@ from netem.kernel import (
     read_sysctl,
 )
 from netem.plan import INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 pytestmark = [pytest.mark.netem, pytest.mark.usefixtures("netem_capable")]
 

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from netem.base import LinkSpec
+from testbed.core.records import LinkSpec
 from netem.plan import (
     DEFAULT_LIMIT_PACKETS,
     FIFO_RATE_MBIT,
@@ -27,7 +27,7 @@ from netem.plan import (
     run_prefix,
     short_run_id,
 )
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 
 def ring(n: int, delay_ms: float = 10.0, **kw) -> list[LinkSpec]:

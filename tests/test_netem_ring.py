@@ -33,7 +33,7 @@ with netem the overhead is far smaller and these bounds hold with room to spare.
 import pytest
 
 from tests.ringutil import ring_scenario, run
-from testbed import physics
+from testbed.core import physics
 
 pytestmark = [pytest.mark.netem, pytest.mark.slow]
 

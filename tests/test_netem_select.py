@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from netem.base import LinkSpec
+from testbed.core.records import LinkSpec
 from netem.probe import Capabilities, probe
 from netem.select import KINDS, choose_shaper
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 LINKS = [LinkSpec(0, 1, 5.0), LinkSpec(1, 0, 5.0)]
 

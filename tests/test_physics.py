@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from testbed import physics
+from testbed.core import physics
 
 C = 1 / 30  # the paper's r0 = 30 tok/s
 

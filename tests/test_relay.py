@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from netem.base import LinkSpec
+from testbed.core.records import LinkSpec
 from netem.userspace import TRIO_CLOCK, LinkTiming, relay
-from testbed.errors import ShapingError
+from testbed.core.errors import ShapingError
 
 
 def test_delay_only():

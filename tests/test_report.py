@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testbed import report
-from testbed.physics import gamma, spec_rate, wall_rate
+from testbed.core.physics import gamma, spec_rate, wall_rate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.spec import KChooser, calibrated_q, overlap, probabilities, sample, verify
-from testbed import physics
+from testbed.core import physics
 
 SIGNIFICANCE = 0.001  # every chi-square test below; seeds are fixed, so the outcome is deterministic
 Z_SIGNIFICANCE = 3.0902  # standard normal quantile at 1 - SIGNIFICANCE

@@ -9,7 +9,7 @@ Gamma(alpha, K) itself (within 5%, from ~400 rounds).
 import pytest
 
 from tests.ringutil import rate_tolerance, ring_scenario, run
-from testbed import physics
+from testbed.core import physics
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import trio
 from agents import wire
 from netem.userspace import UserspaceShaper
 from tests.ringutil import ring_scenario
-from testbed.errors import AgentFailed, leaf_errors
+from testbed.core.errors import AgentFailed, leaf_errors
 from testbed.laps import RunStats
 from testbed.launcher import Launcher, new_run_id
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, rate_tolerance, ring_scenario, run
-from testbed import physics
+from testbed.core import physics
 
 pytestmark = pytest.mark.slow
 

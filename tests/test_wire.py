@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents import wire
-from testbed.errors import LinkBroken, WireError
+from testbed.core.errors import LinkBroken, WireError
 
 
 def make_frame(shape=(1, 3, 8), n_stamps=2):

@@ -1,0 +1,135 @@
+"""Typed records that cross a process boundary: links, stage stamps, laps; each with to_json/from_json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+Address = tuple[str, int]
+R = TypeVar("R")
+
+
+def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = None) -> R:
+    """cls(**data) with a clear error naming unknown and missing fields (dataclass defaults fill the rest)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what or cls.__name__}: expected an object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{what or cls.__name__}: unknown field(s) {', '.join(unknown)}")
+    missing = sorted(name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+    if missing:
+        raise ValueError(f"{what or cls.__name__}: missing field(s) {', '.join(missing)}")
+    return cls(**data)
+
+
+class JsonRecord:
+    """Mixin: a flat dataclass <-> one JSON object (nested records override to_dict/from_dict)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return record_from_dict(cls, data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str | bytes):
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class LinkSpec(JsonRecord):
+    """One directed link src -> dst of the emulated WAN.
+
+    Any latency matrix is a set of these; a ring is the special case dst = (src + 1) % N.
+    """
+
+    src: int
+    dst: int
+    delay_ms: float
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    rate_mbit: float = 0.0  # 0 means unlimited
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True)
+class Stamp(JsonRecord):
+    """What one stage did with a frame, on the box's monotonic clock (seconds)."""
+
+    stage: int
+    recv: float
+    compute_start: float
+    real_end: float  # the real forward pass ended here
+    compute_end: float  # emulated compute (padding) ended here
+    send: float
+    sent_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class HeadTiming(JsonRecord):
+    """The entry node's head (LM head + sampler + padding) at the end of a lap."""
+
+    start: float
+    real_end: float
+    end: float
+
+
+@dataclass(frozen=True)
+class LapRecord(JsonRecord):
+    """One traversal of the ring as the entry node saw it: every stage's stamp plus the return arrival.
+
+    `kind` is the lap's role ("prefill", "decode", "probe") and `mode` the decode mode that ran it; `extra`
+    carries the mode's own per-lap facts (e.g. a speculation round), read back by that mode's summarizer.
+    """
+
+    lap: int
+    kind: str
+    mode: str
+    n_tok: int  # positions computed in this lap
+    tokens: int  # tokens it produced
+    start: float
+    end: float
+    stamps: tuple[Stamp, ...]
+    return_recv: float
+    head: HeadTiming | None = None
+    ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["stamps"] = [s.to_dict() for s in self.stamps]
+        data["head"] = self.head.to_dict() if self.head is not None else None
+        data["ids"] = list(self.ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LapRecord":
+        data = dict(data)
+        data["stamps"] = tuple(Stamp.from_dict(s) for s in data.get("stamps", ()))
+        head = data.get("head")
+        data["head"] = HeadTiming.from_dict(head) if head is not None else None
+        data["ids"] = tuple(int(t) for t in data.get("ids", ()))
+        return record_from_dict(cls, data)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    def hop_latencies_s(self) -> list[float]:
+        """One-way latency of ring hop i (stage i -> i+1; the last closes the ring): send stamp to receive stamp."""
+        n = len(self.stamps)
+        if n < 2:
+            return []
+        return [(self.stamps[i + 1].recv if i + 1 < n else self.return_recv) - self.stamps[i].send for i in range(n)]
