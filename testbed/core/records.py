@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -11,23 +13,47 @@ Address = tuple[str, int]
 R = TypeVar("R")
 
 
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    """value (plain JSON) -> the type `hint` names: nested records, lists/tuples of them, optionals."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        records = [a for a in inner if dataclasses.is_dataclass(a)]
+        if records and isinstance(value, dict):
+            return record_from_dict(records[0], value, what=where)
+        if len(inner) == 1:
+            return _convert(inner[0], value, where)
+        return value
+    if dataclasses.is_dataclass(hint):
+        return record_from_dict(hint, value, what=where)
+    if origin in (list, tuple) and isinstance(value, list | tuple):
+        item = args[0] if args else Any
+        items = [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    return value
+
+
 def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = None) -> R:
-    """cls(**data) with a clear error naming unknown and missing fields (dataclass defaults fill the rest)."""
+    """cls(**data) for a (nested) dataclass, with a clear error naming unknown and missing fields."""
+    what = what or cls.__name__
     if not isinstance(data, dict):
-        raise ValueError(f"{what or cls.__name__}: expected an object, got {type(data).__name__}")
+        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"{what or cls.__name__}: unknown field(s) {', '.join(unknown)}")
+        raise ValueError(f"{what}: unknown field(s) {', '.join(unknown)}")
     missing = sorted(name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING
                      and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
     if missing:
-        raise ValueError(f"{what or cls.__name__}: missing field(s) {', '.join(missing)}")
-    return cls(**data)
+        raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: _convert(hints[key], value, f"{what}.{key}") for key, value in data.items()})
 
 
 class JsonRecord:
-    """Mixin: a flat dataclass <-> one JSON object (nested records override to_dict/from_dict)."""
+    """Mixin: a (nested) dataclass <-> one JSON object; from_json(to_json(x)) == x."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -36,8 +62,8 @@ class JsonRecord:
     def from_dict(cls, data: dict[str, Any]):
         return record_from_dict(cls, data)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
     def from_json(cls, text: str | bytes):
@@ -106,22 +132,6 @@ class LapRecord(JsonRecord):
     head: HeadTiming | None = None
     ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["stamps"] = [s.to_dict() for s in self.stamps]
-        data["head"] = self.head.to_dict() if self.head is not None else None
-        data["ids"] = list(self.ids)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LapRecord":
-        data = dict(data)
-        data["stamps"] = tuple(Stamp.from_dict(s) for s in data.get("stamps", ()))
-        head = data.get("head")
-        data["head"] = HeadTiming.from_dict(head) if head is not None else None
-        data["ids"] = tuple(int(t) for t in data.get("ids", ()))
-        return record_from_dict(cls, data)
 
     @property
     def duration_s(self) -> float:

@@ -1,0 +1,125 @@
+"""RunSummary: the one typed result of a run (JSON summary, dashboard, report, sweep, bench all read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from testbed.core.records import JsonRecord
+
+
+@dataclass(frozen=True)
+class HopSummary(JsonRecord):
+    hop: str  # "src->dst"
+    configured_ms: float
+    measured_ms_p50: float | None
+    measured_ms_p99: float | None
+    bytes_per_lap: int | None
+
+
+@dataclass(frozen=True)
+class StageSummary(JsonRecord):
+    stage: int
+    name: str
+    emulated_ms: float
+    compute_ms_mean: float | None  # with emulated padding
+    real_ms_mean: float | None  # the real forward passes
+
+
+@dataclass(frozen=True)
+class TtftSummary(JsonRecord):
+    """The first (prefill) lap: measured against C_prefill + T_ring (seed 000, Eq. 5)."""
+
+    prompt_tokens: int
+    measured_s: float
+    prefill_compute_s: float
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class LinkCheck(JsonRecord):
+    """Self-check of one hop from the probe frames sent before the first lap."""
+
+    hop: str
+    configured_ms: float
+    measured_ms_p50: float
+    tolerance_ms: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SpecRates(JsonRecord):
+    """Measured and predicted figures of a set of speculation rounds (a whole run, or those at one K)."""
+
+    rounds: int
+    gamma_measured: float
+    gamma_predicted: float  # Gamma(alpha_hat, K), averaged over the rounds' K
+    draft_s: float  # per round
+    draft_per_token_s: float
+    verify_compute_s: float
+    round_s: float
+    measured_tok_s: float
+    predicted_tok_s: float  # Gamma_measured / (K c_d + C + T_ring)
+    predicted_tok_s_from_alpha: float  # Gamma(alpha_hat, K) / (K c_d + C + T_ring)
+
+
+@dataclass(frozen=True)
+class PerKRow(SpecRates):
+    k: int = 0
+    formula_tok_s: float = 0.0  # Gamma(alpha_hat, K) / (K c_d + C + T_ring) with the run's c_d and C
+
+
+@dataclass(frozen=True)
+class SpecSummary(SpecRates):
+    k: float = 0.0  # the K of every round, or their mean when K varied (auto, sweep)
+    k_last: int = 0
+    k_auto: bool = False
+    draft: str = ""
+    drafted: int = 0
+    accepted: int = 0
+    alpha: float = 0.0  # estimated: mean of sum_x min(p, q) over drafted positions
+    alpha_dialled: float | None = None  # the calibrated draft's setting
+    acceptance_per_position: tuple[float, ...] = ()
+    k_star: int = 0
+    k_star_tok_s: float = 0.0
+    plain_predicted_tok_s: float = 0.0
+    per_k: tuple[PerKRow, ...] | None = None  # a K sweep
+    k_star_measured: int | None = None
+    k_star_predicted: int | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary(JsonRecord):
+    """Everything measured in one run next to its prediction (DESIGN.md section 4 names the fields)."""
+
+    scenario: str
+    description: str
+    shaper: str
+    shaper_reason: str
+    phase: str
+    mode: str
+    stages: int
+    stage_names: tuple[str, ...]
+    hops_ms: tuple[float, ...]  # configured
+    tokens: int
+    laps: int
+    wall_s: float
+    compute_s: float | None  # mean C per decode lap, emulated padding included
+    compute_real_s: float | None
+    t_ring_s: float  # configured
+    t_ring_measured_s: float | None
+    measured_tok_s: float | None
+    predicted_tok_s: float | None  # the wall, or the speculative rate in speculative mode
+    error_pct: float | None
+    lap_residual_ms: float | None  # entry-node framing per lap
+    per_hop: tuple[HopSummary, ...]
+    per_stage: tuple[StageSummary, ...]
+    overhead_ms_per_hop: float | None
+    ttft: TtftSummary | None = None
+    self_check: tuple[LinkCheck, ...] | None = None
+    spec: SpecSummary | None = None
+    history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
+    metrics_url: str | None = None
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    generated_tokens: int | None = None
+    extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
