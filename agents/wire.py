@@ -26,6 +26,7 @@ import numpy as np
 import trio
 
 from testbed.core.errors import LinkBroken, WireError
+from testbed.core.records import Stamp
 
 MAGIC = b"GRNG"
 VERSION = 1
@@ -52,19 +53,6 @@ class DType(enum.IntEnum):
 
 NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2")}
 DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16}
-
-
-@dataclass(frozen=True)
-class Stamp:
-    """What one stage did with the frame, on the box's monotonic clock."""
-
-    stage: int
-    recv: float
-    compute_start: float
-    real_end: float  # the real forward pass ended here
-    compute_end: float  # emulated compute (padding) ended here
-    send: float
-    sent_bytes: int = 0
 
 
 @dataclass(frozen=True)

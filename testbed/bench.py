@@ -1,7 +1,8 @@
-"""python -m testbed bench: relay precision, per-hop overhead vs raw sockets, and Table 2 fidelity, in one run.
+"""python -m testbed bench: relay precision, per-hop overhead vs raw sockets, Table 2 fidelity, launcher cost per lap.
 
-Targets (issue 2): relay release error p99 <= 200 us; per-hop overhead <= 3x a raw blocking-socket
-loopback one-way transfer of the same payload; fidelity |measured/predicted - 1| <= 1% once T_ring >= 20 ms.
+Targets: relay release error p99 <= 200 us; per-hop overhead <= 3x a raw blocking-socket loopback one-way
+transfer of the same payload; fidelity |measured/predicted - 1| <= 1% once T_ring >= 20 ms; the launcher's
+CPU time per lap the same at 100 and at 10,000 laps (O(1) per lap).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from netem.userspace import LinkTiming, RelayClock, relay
-from testbed.core import clock
 from testbed.config import load_scenario
+from testbed.core import clock
+from testbed.core.summary import RunSummary
 
 RELAY_DELAYS_MS = (1, 2, 5, 10, 20, 50, 100)
 TABLE2_ROWS = ("table2-single-node", "table2-rack-lan", "table2-metro", "table2-regional", "table2-continental",
@@ -35,6 +37,10 @@ FIDELITY_TARGET_PCT = 1.0
 FIDELITY_MIN_T_RING_S = 0.020
 RAW_GAP_S = 0.030  # spacing of the raw-socket messages: about a lap of the Table 2 rings
 RAW_HOT_GAP_S = 0.0005  # "back to back", yet never faster than the receiver drains
+DEFAULT_FRAME_BYTES = 612  # a one-token hidden-state frame of the 3-stage ring, when no run measured it
+NETEM_ROWS_TIMEOUT_S = 900
+LAUNCHER_LOG_SIZES = (100, 10_000)  # laps already in the run log when the launcher's per-lap cost is measured
+LAUNCHER_MEASURED_LAPS = 100
 
 
 # --- 1. relay release error --------------------------------------------------------------------
@@ -128,7 +134,15 @@ class RingResult:
     shaper: str
     scenario: str
     t_ring_s: float
-    summary: dict
+    summary: RunSummary
+
+    def to_dict(self) -> dict:
+        return {"shaper": self.shaper, "scenario": self.scenario, "t_ring_s": self.t_ring_s,
+                "summary": self.summary.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RingResult":
+        return cls(data["shaper"], data["scenario"], data["t_ring_s"], RunSummary.from_dict(data["summary"]))
 
 
 def run_rows(shaper: str, rows: tuple[str, ...], tokens: int) -> list[RingResult]:
@@ -157,13 +171,13 @@ def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console) -> 
     console.print("netem: this kernel has no sch_netem; running the netem rows inside user-mode-linux...")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "netem.json"
-        status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", "900", "--",
+        status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", str(NETEM_ROWS_TIMEOUT_S), "--",
                                   sys.executable, "-m", "testbed.bench", "--netem-rows-json", str(out),
                                   "--tokens", str(tokens), *rows])
         if status != 0 or not out.exists():
             console.print(f"[red]netem rows inside user-mode-linux failed (status {status})")
             return None
-        return [RingResult(**item) for item in json.loads(out.read_text())]
+        return [RingResult.from_dict(item) for item in json.loads(out.read_text())]
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -200,7 +214,8 @@ def main(args: argparse.Namespace, console: Console) -> int:
             by_shaper[shaper] = results
 
     # 2. per-hop overhead vs raw sockets, same payload, same spacing as the geo ring's laps
-    payload = next(iter(by_shaper.values()))[0].summary["per_hop"][0]["bytes_per_lap"] if by_shaper else 612
+    payload = (next(iter(by_shaper.values()))[0].summary.per_hop[0].bytes_per_lap if by_shaper else None) \
+        or DEFAULT_FRAME_BYTES
     raw_hot_p50_us, _ = percentiles_us(raw_one_way_s(payload, 300 if quick else 1000, RAW_HOT_GAP_S))
     raw = raw_one_way_s(payload, 30 if quick else 100, RAW_GAP_S)
     raw_p50_us, raw_p99_us = percentiles_us(raw)
@@ -210,8 +225,8 @@ def main(args: argparse.Namespace, console: Console) -> int:
         table.add_column(col, justify="right")
     for shaper, results in by_shaper.items():
         # overhead = measured - configured one-way latency, every hop of every lap of rows with T_ring > 0
-        over = [h["measured_ms_p50"] - h["configured_ms"] for r in results for h in r.summary["per_hop"]
-                if r.t_ring_s > 0 and h["measured_ms_p50"] is not None]
+        over = [h.measured_ms_p50 - h.configured_ms for r in results for h in r.summary.per_hop
+                if r.t_ring_s > 0 and h.measured_ms_p50 is not None]
         over_us = float(np.median(over)) * 1e3
         ratio = over_us / raw_p50_us
         figures["overhead"][shaper] = {"overhead_p50_us": over_us, "raw_one_way_p50_us": raw_p50_us,
@@ -232,10 +247,10 @@ def main(args: argparse.Namespace, console: Console) -> int:
             r = results[i]
             t_ring = r.t_ring_s
             s = r.summary
-            cells += [f"{s['measured_tok_s']:.3f}", f"{s['predicted_tok_s']:.3f}", f"{s['error_pct']:+.2f}"]
+            cells += [f"{s.measured_tok_s:.3f}", f"{s.predicted_tok_s:.3f}", f"{s.error_pct:+.2f}"]
             figures["fidelity"].append({"shaper": shaper, "row": name, "t_ring_ms": r.t_ring_s * 1e3,
-                                        "measured_tok_s": s["measured_tok_s"], "predicted_tok_s": s["predicted_tok_s"],
-                                        "error_pct": s["error_pct"], "overhead_ms_per_hop": s["overhead_ms_per_hop"]})
+                                        "measured_tok_s": s.measured_tok_s, "predicted_tok_s": s.predicted_tok_s,
+                                        "error_pct": s.error_pct, "overhead_ms_per_hop": s.overhead_ms_per_hop})
         paper = PAPER_TABLE2_TOK_S[TABLE2_ROWS.index(name)]
         table.add_row(name.removeprefix("table2-"), f"{(t_ring or 0) * 1e3:.1f}", f"{paper:.1f}", *cells)
     console.print(table)
@@ -245,9 +260,65 @@ def main(args: argparse.Namespace, console: Console) -> int:
         if worst is not None:
             console.print(f"{shaper}: worst fidelity error with T_ring >= 20 ms: {worst:.2f}% "
                           f"(target <= {FIDELITY_TARGET_PCT}%: {'met' if worst <= FIDELITY_TARGET_PCT else 'MISSED'})")
+    figures["launcher"] = launcher_cost_table(console)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+# --- 4. the launcher's cost per lap ------------------------------------------------------------
+
+def synthetic_lap_line(scenario, lap: int) -> bytes:
+    """A control line as the entry agent sends it: one decode lap of `scenario`, with plausible stamps."""
+    from testbed.core.channel import encode_line
+    from testbed.core.records import HeadTiming, LapRecord, Stamp
+
+    t = lap * 0.05
+    stamps = tuple(Stamp(i, t + i * 0.01, t + i * 0.01, t + i * 0.01 + 0.001, t + i * 0.01 + 0.004,
+                         t + i * 0.01 + 0.004, 612) for i in range(scenario.n_stages))
+    record = LapRecord(lap, "decode", "plain", 1, 1, t, t + 0.05, stamps, t + 0.049, HeadTiming(t + 0.049, t + 0.0495,
+                                                                                                   t + 0.05), (65,))
+    return encode_line({"event": "lap", "record": record.to_dict()})
+
+
+def launcher_cost_per_lap_us(log_size: int) -> tuple[float, float]:
+    """CPU time the launcher spends per lap (control line -> LapRecord -> run log) with `log_size` laps already
+    logged, and one Prometheus scrape of the collector at that size; both in microseconds."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from testbed.collector import RunCollector
+    from testbed.core.records import LapRecord
+    from testbed.runlog import RunLog
+
+    scenario = load_scenario("geo-ring")
+    log = RunLog(scenario)
+    lines = [synthetic_lap_line(scenario, i) for i in range(log_size + LAUNCHER_MEASURED_LAPS)]
+    for line in lines[:log_size]:
+        log.add_lap(LapRecord.from_dict(json.loads(line)["record"]))
+    start = time.process_time()
+    for line in lines[log_size:]:
+        log.add_lap(LapRecord.from_dict(json.loads(line)["record"]))
+    per_lap = (time.process_time() - start) / LAUNCHER_MEASURED_LAPS
+    registry = CollectorRegistry()
+    registry.register(RunCollector(lambda: [log]))
+    start = time.process_time()
+    generate_latest(registry)
+    return per_lap * 1e6, (time.process_time() - start) * 1e6
+
+
+def launcher_cost_table(console: Console) -> list[dict]:
+    rows = []
+    table = Table(title="4. launcher CPU time per lap (control line -> LapRecord -> run log), and one scrape")
+    for col in ("laps already logged", "us per lap", "us per scrape"):
+        table.add_column(col, justify="right")
+    for size in LAUNCHER_LOG_SIZES:
+        per_lap_us, scrape_us = launcher_cost_per_lap_us(size)
+        rows.append({"laps_logged": size, "cpu_us_per_lap": per_lap_us, "cpu_us_per_scrape": scrape_us})
+        table.add_row(f"{size:,}", f"{per_lap_us:.1f}", f"{scrape_us:.0f}")
+    ratio = rows[-1]["cpu_us_per_lap"] / rows[0]["cpu_us_per_lap"]
+    table.caption = f"per-lap cost at {LAUNCHER_LOG_SIZES[-1]:,} / at {LAUNCHER_LOG_SIZES[0]} laps = {ratio:.2f}x (O(1): ~1x)"
+    console.print(table)
+    return rows
 
 
 def _netem_rows_entry(argv: list[str]) -> int:
@@ -258,7 +329,7 @@ def _netem_rows_entry(argv: list[str]) -> int:
     parser.add_argument("rows", nargs="+")
     args = parser.parse_args(argv)
     results = run_rows("netem", tuple(args.rows), args.tokens)
-    Path(args.netem_rows_json).write_text(json.dumps([vars(r) for r in results]))
+    Path(args.netem_rows_json).write_text(json.dumps([r.to_dict() for r in results]))
     return 0
 
 

@@ -1,9 +1,8 @@
-"""Command line: python -m testbed {run,bench,sweep,report,clean,scenarios}."""
+"""Command line: python -m testbed {run,plan,bench,sweep,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -11,8 +10,11 @@ import trio
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
-from testbed.config import DECODE_MODES, Scenario, builtin_names, load_scenario
+from testbed import api
+from testbed.config import Scenario, builtin_names, load_scenario
+from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
+from testbed.core.summary import RunSummary
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -26,33 +28,26 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")
 
 
-def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    overrides = list(args.overrides)
-    if args.tokens is not None:
-        overrides.append(f"decode.tokens={args.tokens}")
-    return load_scenario(args.scenario, overrides)
+def scenario_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Scenario:
+    return api.scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides) + list(extra or []))
 
 
 def ensure_models(console: Console) -> dict:
-    from agents.train import META_FILE, ensure_trained, resolve_cache_dir
-
-    if not (resolve_cache_dir() / META_FILE).exists():
-        console.print("[bold]Training the tiny target and draft models (first use only, ~2-3 min on 2 cores)...")
-    report = ensure_trained()
-    return report
+    return api.ensure_models(lambda message: console.print(f"[bold]{message}"))
 
 
 async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
-                    dashboard: bool, verbose: bool) -> list[dict]:
+                    dashboard: bool, verbose: bool) -> list[RunSummary]:
     """Run scenarios (phases) one after another under one exporter and one live dashboard."""
     from netem.select import choose_shaper
-    from testbed.laps import RunStats
+    from testbed.collector import RunCollector, serve
     from testbed.launcher import Launcher, new_run_id
-    from testbed.metrics import create_metrics, serve
+    from testbed.runlog import RunLog
+    from testbed.summarize import summarize
 
-    first = scenarios[0]
     registry = CollectorRegistry()
-    metrics = create_metrics(registry, [s.name for s in first.stages], [l.name for l in first.ring])
+    logs: list[RunLog] = []
+    registry.register(RunCollector(lambda: logs))
     try:
         host, port = serve(registry, metrics_port)
     except OSError as exc:
@@ -60,7 +55,7 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                           f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
     url = f"http://{host}:{port}/metrics"
     console.print(f"Prometheus metrics: [bold]{url}[/bold]")
-    current: list[RunStats] = [RunStats(first, metrics=metrics, metrics_url=url)]
+    logs.append(RunLog(scenarios[0], metrics_url=url))
     summaries = []
 
     async def run_phases() -> None:
@@ -70,9 +65,9 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                 shaper.rto_ms = scenario.loss_rto_ms
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
                           f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
-            stats = current[0] if i == 0 else RunStats(scenario, metrics=metrics, metrics_url=url)
-            current[0] = stats
-            launcher = Launcher(scenario, shaper, stats,
+            if i > 0:
+                logs.append(RunLog(scenario, metrics_url=url))
+            launcher = Launcher(scenario, shaper, logs[-1],
                                 log=lambda m: console.print(m, markup=False, highlight=False),
                                 echo_agent_stderr=verbose)
             summaries.append(await launcher.run())
@@ -83,7 +78,7 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
     from dashboards.live import run_dashboard
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: run_dashboard(lambda: current[0].snapshot(), console=console,
+        await nursery.start(lambda task_status: run_dashboard(lambda: summarize(logs[-1]), console=console,
                                                               task_status=task_status))
         try:
             await run_phases()
@@ -92,27 +87,18 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
     return summaries
 
 
-def print_summary(console: Console, summaries: list[dict]) -> None:
-    try:
-        from dashboards.live import render_summary
+def print_summary(console: Console, summaries: list[RunSummary]) -> None:
+    from dashboards.live import render_summary
 
-        console.print(render_summary(summaries))
-    except ImportError:
-        for s in summaries:
-            console.print(json.dumps({k: s[k] for k in ("scenario", "measured_tok_s", "predicted_tok_s")}))
+    console.print(render_summary(summaries))
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     phases = [p.strip() for p in args.phases.split(",") if p.strip()] if args.phases else []
     for phase in phases:
-        if phase not in DECODE_MODES:
-            raise ConfigError(f"expected phases from {', '.join(DECODE_MODES)}, got {phase!r}", key="--phases")
-    base = list(args.overrides)
-    scenarios = []
-    for phase in phases or [None]:
-        args.overrides = base + ([f"decode.mode={phase}"] if phase else [])
-        scenarios.append(scenario_from_args(args))
-    args.overrides = base
+        if phase not in MODES:
+            raise ConfigError(f"expected phases from {', '.join(MODES)}, got {phase!r}", key="--phases")
+    scenarios = [scenario_from_args(args, [f"decode.mode={phase}"] if phase else []) for phase in phases or [None]]
     ensure_models(console)
     summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
                          args.verbose)
@@ -120,15 +106,36 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         path = Path(args.json)
         for summary in summaries:
-            target = path if len(summaries) == 1 else path.with_name(f"{path.stem}-{summary['mode']}{path.suffix}")
+            target = path if len(summaries) == 1 else path.with_name(f"{path.stem}-{summary.mode}{path.suffix}")
             write_json(target, summary)
             console.print(f"JSON summary: {target}")
     return 0
 
 
-def write_json(path: Path, summary: dict) -> None:
+def write_json(path: Path, summary: RunSummary) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    path.write_text(summary.to_json(indent=2) + "\n")
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    """What a run would set up, applied nowhere: the stage layout, then the shaper's commands or link timings."""
+    from agents.train import MODEL_CONFIGS
+    from netem.base import ShaperOptions
+    from netem.select import plan_lines
+    from testbed.config import split_layers
+    from testbed.launcher import new_run_id
+
+    scenario = scenario_from_args(args)
+    ranges = split_layers(MODEL_CONFIGS[scenario.model].n_layer, scenario.stages, scenario.source)
+    out = [f"# scenario {scenario.name}: {scenario.n_stages} stages, T_ring {scenario.t_ring_s * 1e3:.3f} ms, "
+           f"decode {scenario.decode.mode}, model {scenario.model}"]
+    out += [f"# stage {i} {st.name}: layers {first}..{last - 1}, compute {st.compute_ms:g} ms emulated"
+            for i, (st, (first, last)) in enumerate(zip(scenario.stages, ranges))]
+    _backend, lines = plan_lines(args.shaper, list(scenario.links), scenario.n_stages, new_run_id(),
+                                 ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
+    for line in out + lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def cmd_clean(args: argparse.Namespace, console: Console) -> int:
@@ -160,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")
     run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
     run.set_defaults(func=cmd_run)
+
+    plan = sub.add_parser("plan", help="print what a run would set up (tc commands or relay timings), apply nothing")
+    add_run_options(plan)
+    plan.set_defaults(func=cmd_plan)
 
     bench = sub.add_parser("bench", help="print relay precision, per-hop overhead and Table 2 fidelity")
     bench.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")

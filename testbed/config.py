@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.records import LinkSpec
+from testbed.core.decode import DRAFT_KINDS, K_MAX_BOUND, MODES, DecodeConfig
 from testbed.core.errors import ConfigError
+from testbed.core.records import LinkSpec
 
 SCENARIO_PACKAGE = "testbed.scenarios"
-DECODE_MODES = ("plain", "speculative")
-DRAFT_KINDS = ("trained", "calibrated")
 MAX_STAGES = 16
 MAX_TOKENS = 100_000
 
@@ -27,22 +26,6 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    mode: str = "plain"
-    tokens: int = 32
-    prompt: str = "def main():\n    "
-    temperature: float = 0.0
-    seed: int = 0
-    k: int | str = 4  # an int, or "auto"
-    k_max: int = 24
-    draft: str = "trained"
-    alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
-    draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
-    k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
-    rounds_per_k: int = 30
-
-
-@dataclass(frozen=True)
 class Scenario:
     name: str
     source: str
@@ -52,7 +35,7 @@ class Scenario:
     decode: DecodeConfig
     loss_rto_ms: float = 200.0
     model: str = "target"
-    extra: dict = field(default_factory=dict)
+    scale: float = 1.0  # every delay and emulated time above is already multiplied by it
 
     @property
     def n_stages(self) -> int:
@@ -262,34 +245,58 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     if not isinstance(dec, dict):
         raise ConfigError("expected a table", source=source, key="decode")
     _check_keys(dec, _DECODE_KEYS, source, "decode")
-    k = dec.get("k", 4)
-    if k != "auto":
-        k = _number(dec, "k", 4, source, "decode", minimum=1, maximum=64, integer=True)
-    prompt = _string(dec, "prompt", DecodeConfig.prompt, source, "decode")
-    if not prompt:
-        raise ConfigError("expected a non-empty prompt", source=source, key="decode.prompt")
-    decode = DecodeConfig(
-        mode=_string(dec, "mode", "plain", source, "decode", DECODE_MODES),
-        tokens=_number(dec, "tokens", 32, source, "decode", minimum=1, maximum=MAX_TOKENS, integer=True),
-        prompt=prompt,
-        temperature=_number(dec, "temperature", 0.0, source, "decode", maximum=100),
-        seed=_number(dec, "seed", 0, source, "decode", integer=True),
-        k=k,
-        k_max=_number(dec, "k_max", 24, source, "decode", minimum=1, maximum=64, integer=True),
-        draft=_string(dec, "draft", "trained", source, "decode", DRAFT_KINDS),
-        alpha=_number(dec, "alpha", 0.8, source, "decode", maximum=1.0),
-        draft_ms=_number(dec, "draft_ms", 0.0, source, "decode", maximum=60_000) * scale,
-        k_sweep=_k_list(dec.get("k_sweep", []), source),
-        rounds_per_k=_number(dec, "rounds_per_k", 30, source, "decode", minimum=1, maximum=100_000, integer=True),
-    )
+    decode = decode_from_dict(dec, source, scale)
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
-                    decode=decode, loss_rto_ms=loss_rto_ms, model=model)
+                    decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale)
 
 
-def _k_list(value: Any, source: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64
+# How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.
+_DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
+    "mode": ("choice", (), False),  # choices: MODES, read when checked (a test may register a mode)
+    "tokens": ("int", (1, MAX_TOKENS), False),
+    "prompt": ("text", (), False),
+    "temperature": ("number", (0.0, 100.0), False),
+    "seed": ("int", (0, None), False),
+    "k": ("k", (1, K_MAX_BOUND), False),
+    "k_max": ("int", (1, K_MAX_BOUND), False),
+    "draft": ("choice", DRAFT_KINDS, False),
+    "alpha": ("number", (0.0, 1.0), False),
+    "draft_ms": ("number", (0.0, 60_000.0), True),
+    "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
+    "rounds_per_k": ("int", (1, 100_000), False),
+}
+
+
+def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig:
+    """[decode] -> DecodeConfig: every field of the dataclass checked by its rule, defaults from the dataclass."""
+    values: dict[str, Any] = {}
+    for f in fields(DecodeConfig):
+        kind, bounds, scaled = _DECODE_RULES[f.name]
+        default = f.default
+        key = f"decode.{f.name}"
+        if kind == "choice":
+            value = _string(dec, f.name, default, source, "decode", bounds or tuple(MODES))
+        elif kind == "text":
+            value = _string(dec, f.name, default, source, "decode")
+            if not value:
+                raise ConfigError("expected a non-empty string", source=source, key=key)
+        elif kind == "k" and dec.get(f.name) == "auto":
+            value = "auto"
+        elif kind == "k_list":
+            value = _k_list(dec.get(f.name, list(default)), source, bounds)
+        else:
+            low, high = bounds
+            value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high,
+                            integer=kind in ("int", "k"))
+        values[f.name] = value * scale if scaled else value
+    return DecodeConfig(**values)
+
+
+def _k_list(value: Any, source: str, bounds: tuple[int, int]) -> tuple[int, ...]:
+    low, high = bounds
+    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) and low <= k <= high
                                                for k in value):
-        raise ConfigError(f"expected an array of integers in [1, 64], got {value!r}", source=source,
+        raise ConfigError(f"expected an array of integers in [{low}, {high}], got {value!r}", source=source,
                           key="decode.k_sweep")
     return tuple(value)
 
@@ -304,8 +311,8 @@ def parse_k_range(text: str) -> list[int]:
             values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         values = []
-    if not values or not all(1 <= k <= 64 for k in values):
-        raise ConfigError(f"expected K values like 1..24 or 2,4,8 within [1, 64], got {text!r}", key="--k")
+    if not values or not all(1 <= k <= K_MAX_BOUND for k in values):
+        raise ConfigError(f"expected K values like 1..24 or 2,4,8 within [1, {K_MAX_BOUND}], got {text!r}", key="--k")
     return values
 
 

@@ -1,4 +1,4 @@
-"""The launcher: shaper + one supervised agent process per stage, lap records in, summary out."""
+"""The launcher: shaper + one supervised agent process per stage, lap records into the run log, summary out."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ import os
 import subprocess
 import sys
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
 
+from agents.agent import AgentSpec
 from netem.base import Shaper
 from netem.userspace import stop_process
 from testbed.config import Scenario, split_layers
+from testbed.core.channel import LineReader, encode_line
+from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, PeerTimeout
-from testbed.laps import RunStats
+from testbed.core.records import LapRecord
+from testbed.core.summary import RunSummary
+from testbed.runlog import RunLog
+from testbed.summarize import self_check, summarize
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
 READY_TIMEOUT_S = 60.0
@@ -41,53 +47,47 @@ class AgentHandle:
 
 
 async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
-    buffer = b""
-    try:
-        while chunk := await stream.receive_some(65536):
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                on_line(line.decode("utf-8", "replace"))
-    except (trio.ClosedResourceError, trio.BrokenResourceError):
-        pass
+    async for line in LineReader(stream):
+        on_line(line.decode("utf-8", "replace"))
 
 
 class Launcher:
-    """Runs one scenario. `stats` is live while `run()` is in progress (the dashboard reads it)."""
+    """Runs one scenario. `runlog` fills while `run()` is in progress (the dashboard and exporter read it)."""
 
-    def __init__(self, scenario: Scenario, shaper: Shaper, stats: RunStats, *, log: Callable[[str], None] | None = None,
+    def __init__(self, scenario: Scenario, shaper: Shaper, runlog: RunLog, *, log: Callable[[str], None] | None = None,
                  echo_agent_stderr: bool = False) -> None:
         self.scenario = scenario
         self.shaper = shaper
-        self.stats = stats
+        self.runlog = runlog
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.echo_agent_stderr = echo_agent_stderr
         self.agents: list[AgentHandle] = []
         self.listen: dict[int, tuple[str, int]] = {}  # each agent's listener, once known
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
 
-    def agent_specs(self, n_layers: int) -> list[dict]:
+    def agent_specs(self, n_layers: int) -> list[AgentSpec]:
         sc = self.scenario
         ranges = split_layers(n_layers, sc.stages, sc.source)
-        return [{"stage": i, "n_stages": sc.n_stages, "name": st.name, "first_layer": first, "last_layer": last,
-                 "compute_ms": st.compute_ms, "model": sc.model, "listen_host": self.shaper.agent_listen_host(i),
-                 "decode": asdict(sc.decode), "hop_delays_ms": [l.delay_ms for l in sc.ring]}
+        runner = MODES[sc.decode.mode].runner
+        return [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
+                          compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
+                          listen_host=self.shaper.agent_listen_host(i))
                 for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
 
-    async def _start_agent(self, nursery: trio.Nursery, spec: dict) -> AgentHandle:
+    async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
         read_fd, write_fd = os.pipe()
-        argv = self.shaper.agent_command_prefix(spec["stage"]) + [
-            sys.executable, "-m", "agents.agent", "--spec", json.dumps(spec), "--control-fd", str(write_fd)]
+        argv = self.shaper.agent_command_prefix(spec.stage) + [
+            sys.executable, "-m", "agents.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)]
         try:
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
                 process_group=0)  # Ctrl-C reaches the launcher only; it stops the agents itself
         except OSError as exc:
             os.close(read_fd)
-            raise AgentFailed(spec["name"], f"cannot start: {exc}") from exc
+            raise AgentFailed(spec.name, f"cannot start: {exc}") from exc
         finally:
             os.close(write_fd)
-        handle = AgentHandle(spec["stage"], spec["name"], process, trio.lowlevel.FdStream(read_fd))
+        handle = AgentHandle(spec.stage, spec.name, process, trio.lowlevel.FdStream(read_fd))
         self.agents.append(handle)
 
         def on_control(line: str) -> None:
@@ -144,37 +144,31 @@ class Launcher:
         """Apply a run-time event; True when the run is complete."""
         kind = event["event"]
         if kind == "lap":
-            if not self.stats.laps:
+            if not self.runlog.laps:
                 self._warn_off_links()
-            self.stats.add_lap(event)
+            self.runlog.add_lap(LapRecord.from_dict(event["record"]))
         elif kind == "probe":
-            self.stats.add_probe(event)
-        elif kind == "phase":
-            self.stats.phase = event["phase"]
+            self.runlog.add_probe(LapRecord.from_dict(event["record"]))
         elif kind == "done":
-            self.stats.extra["generated_tokens"] = event.get("tokens")
+            self.runlog.generated_tokens = int(event["tokens"])
             return True
         return False
 
     def _warn_off_links(self) -> None:
-        for check in self.stats.self_check() or []:
-            if not check["ok"]:
-                self.log(f"warning: link {check['hop']} measured {check['measured_ms_p50']:.3f} ms one-way before "
-                         f"the first lap, configured {check['configured_ms']:.3f} ms "
-                         f"(tolerance {check['tolerance_ms']:.3f} ms)")
+        for check in self_check(self.runlog) or ():
+            if not check.ok:
+                self.log(f"warning: link {check.hop} measured {check.measured_ms_p50:.3f} ms one-way before "
+                         f"the first lap, configured {check.configured_ms:.3f} ms "
+                         f"(tolerance {check.tolerance_ms:.3f} ms)")
 
-    async def run(self) -> dict:
+    async def run(self) -> RunSummary:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
-        from agents.train import TARGET_CONFIG
+        from agents.train import TARGET_CONFIG, ensure_trained
 
-        from agents.train import ensure_trained
-
-        sc = self.scenario
         specs = self.agent_specs(TARGET_CONFIG.n_layer)
         # Train once here (first use only) rather than in every agent at once under the lock.
         await trio.to_thread.run_sync(ensure_trained)
-        self.stats.shaper, self.stats.shaper_reason = self.shaper.name, self.shaper.reason
-        self.stats.init_metrics()
+        self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason
         try:
             async with self.shaper:
                 async with trio.open_nursery() as nursery:
@@ -186,26 +180,27 @@ class Launcher:
         finally:
             with trio.CancelScope(shield=True):
                 await self._stop_agents()
-        self.stats.phase = "done"
-        return self.stats.snapshot()
+        self.runlog.phase = "done"
+        return summarize(self.runlog)
 
-    async def _run_agents(self, nursery: trio.Nursery, specs: list[dict]) -> None:
+    async def _run_agents(self, nursery: trio.Nursery, specs: list[AgentSpec]) -> None:
         sc = self.scenario
-        self.stats.phase = "starting agents"
+        self.runlog.phase = "starting agents"
         for spec in specs:
             await self._start_agent(nursery, spec)
         everyone = set(range(sc.n_stages))
         listening = await self._expect("listening", everyone, STARTUP_TIMEOUT_S)
-        host_of = {i: ("127.0.0.1" if specs[i]["listen_host"] in ("0.0.0.0", "") else specs[i]["listen_host"])
+        host_of = {i: ("127.0.0.1" if specs[i].listen_host in ("0.0.0.0", "") else specs[i].listen_host)
                    for i in everyone}
         listen = self.listen = {i: (host_of[i], listening[i]["port"]) for i in everyone}
-        self.stats.phase = "connecting"
+        self.runlog.phase = "connecting"
         peers = await self.shaper.connect(listen)
         for handle in self.agents:
-            nxt = peers.get((handle.stage, (handle.stage + 1) % sc.n_stages)) if sc.n_stages > 1 else None
-            await self._command(handle, {"cmd": "connect", "next": list(nxt) if nxt else None})
+            # every directed link of the scenario out of this stage, as the shaper wired it
+            out = {str(dst): list(address) for (src, dst), address in peers.items() if src == handle.stage}
+            await self._command(handle, {"cmd": "connect", "peers": out})
         await self._expect("ready", everyone, READY_TIMEOUT_S)
-        self.stats.phase = sc.decode.mode
+        self.runlog.phase = sc.decode.mode
         for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
             await self._command(handle, {"cmd": "run"})
         while True:
@@ -221,7 +216,7 @@ class Launcher:
 
     async def _command(self, handle: AgentHandle, command: dict) -> None:
         try:
-            await handle.process.stdin.send_all(json.dumps(command).encode() + b"\n")
+            await handle.process.stdin.send_all(encode_line(command))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise AgentFailed(f"{handle.stage} ({handle.name})", handle.cause("stopped reading commands")) from exc
 
@@ -240,15 +235,13 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:6]
 
 
-async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, stats: RunStats | None = None,
-                       log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> dict:
-    """Convenience: choose the shaper and run one scenario (used by tests and the benchmark)."""
+async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog: RunLog | None = None,
+                       log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> RunSummary:
+    """Choose the shaper and run one scenario (testbed.api.run wraps this for scripts and notebooks)."""
     from netem.select import choose_shaper
 
     shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
     if hasattr(shaper, "rto_ms"):
         shaper.rto_ms = scenario.loss_rto_ms
-    stats = stats or RunStats(scenario)
-    launcher = Launcher(scenario, shaper, stats, log=log, echo_agent_stderr=echo_agent_stderr)
+    launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr)
     return await launcher.run()
-

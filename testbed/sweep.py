@@ -14,23 +14,19 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.cli import ensure_models, scenario_from_args
+from testbed import api
 from testbed.config import parse_k_range
 from testbed.core.errors import ConfigError
+from testbed.core.summary import RunSummary
 
 TABLE3_KS = (4, 8, 16)
 
 
-def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> dict:
+def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> RunSummary:
     from testbed.launcher import run_scenario
 
-    extra = ["decode.mode=speculative", f"decode.k_sweep={ks}", f"decode.rounds_per_k={args.rounds}",
-             f"decode.k_max={max(ks)}"]
-    if alpha is not None:
-        extra += ["decode.draft=calibrated", f"decode.alpha={alpha}"]
-    args.overrides = list(args.overrides) + extra
-    scenario = scenario_from_args(args)
-    args.overrides = args.overrides[: -len(extra)]
+    scenario = api.sweep_scenario(args.scenario, ks, alpha=alpha, rounds=args.rounds,
+                                  overrides=list(args.overrides) + ([f"decode.tokens={args.tokens}"] if args.tokens else []))
     label = f"alpha={alpha}" if alpha is not None else f"draft={scenario.decode.draft}"
     console.print(f"sweep {scenario.name} ({label}): K = {ks[0]}..{ks[-1]}, {args.rounds} rounds each, "
                   f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
@@ -38,24 +34,24 @@ def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, cons
     return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None))
 
 
-def per_k_table(summary: dict) -> Table:
-    spec = summary["spec"]
-    table = Table(title=f"{summary['scenario']}: alpha_hat = {spec['alpha']:.3f} ({spec['draft']} draft), "
-                        f"c_d = {spec['draft_per_token_s'] * 1e3:.2f} ms, C = {spec['verify_compute_s'] * 1e3:.2f} ms, "
-                        f"T_ring = {summary['t_ring_s'] * 1e3:.1f} ms")
+def per_k_table(summary: RunSummary) -> Table:
+    spec = summary.spec
+    table = Table(title=f"{summary.scenario}: alpha_hat = {spec.alpha:.3f} ({spec.draft} draft), "
+                        f"c_d = {spec.draft_per_token_s * 1e3:.2f} ms, C = {spec.verify_compute_s * 1e3:.2f} ms, "
+                        f"T_ring = {summary.t_ring_s * 1e3:.1f} ms")
     for col in ("K", "rounds", "Gamma meas", "Gamma(a,K)", "tok/s meas", "tok/s pred", "err %", "formula tok/s"):
         table.add_column(col, justify="right")
-    for row in spec["per_k"]:
-        err = (row["measured_tok_s"] / row["predicted_tok_s"] - 1) * 100
-        table.add_row(str(row["k"]), str(row["rounds"]), f"{row['gamma_measured']:.2f}",
-                      f"{row['gamma_predicted']:.2f}", f"{row['measured_tok_s']:.2f}", f"{row['predicted_tok_s']:.2f}",
-                      f"{err:+.2f}", f"{row['formula_tok_s']:.2f}")
-    table.caption = (f"K* measured = {spec['k_star_measured']}, K* predicted = {spec['k_star_predicted']} "
+    for row in spec.per_k or ():
+        err = (row.measured_tok_s / row.predicted_tok_s - 1) * 100
+        table.add_row(str(row.k), str(row.rounds), f"{row.gamma_measured:.2f}", f"{row.gamma_predicted:.2f}",
+                      f"{row.measured_tok_s:.2f}", f"{row.predicted_tok_s:.2f}", f"{err:+.2f}",
+                      f"{row.formula_tok_s:.2f}")
+    table.caption = (f"K* measured = {spec.k_star_measured}, K* predicted = {spec.k_star_predicted} "
                      f"(tok/s pred = Gamma_measured / (K c_d + C + T_ring); formula = Gamma(alpha_hat, K) / (...))")
     return table
 
 
-def table3(results: list[tuple[float, dict]], scale: str) -> Table:
+def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
     table = Table(title=f"Seed 000 Table 3, measured (time scale {scale}): measured / predicted")
     table.add_column("alpha", justify="right")
     for k in TABLE3_KS:
@@ -63,16 +59,16 @@ def table3(results: list[tuple[float, dict]], scale: str) -> Table:
         table.add_column(f"K={k} tok/s", justify="right")
     table.add_column("best tok/s (K*)", justify="right")
     for alpha, summary in results:
-        rows = {row["k"]: row for row in summary["spec"]["per_k"]}
+        spec = summary.spec
+        rows = {row.k: row for row in spec.per_k or ()}
         cells = []
         for k in TABLE3_KS:
             row = rows.get(k)
-            cells += ([f"{row['gamma_measured']:.2f} / {row['gamma_predicted']:.2f}",
-                       f"{row['measured_tok_s']:.1f} / {row['formula_tok_s']:.1f}"] if row else ["-", "-"])
-        spec = summary["spec"]
-        best_meas = rows[spec["k_star_measured"]]["measured_tok_s"]
-        best_pred = rows[spec["k_star_predicted"]]["formula_tok_s"]
-        cells.append(f"{best_meas:.1f} (K={spec['k_star_measured']}) / {best_pred:.1f} (K={spec['k_star_predicted']})")
+            cells += ([f"{row.gamma_measured:.2f} / {row.gamma_predicted:.2f}",
+                       f"{row.measured_tok_s:.1f} / {row.formula_tok_s:.1f}"] if row else ["-", "-"])
+        best_meas = rows[spec.k_star_measured].measured_tok_s
+        best_pred = rows[spec.k_star_predicted].formula_tok_s
+        cells.append(f"{best_meas:.1f} (K={spec.k_star_measured}) / {best_pred:.1f} (K={spec.k_star_predicted})")
         table.add_row(f"{alpha:.2f}", *cells)
     return table
 
@@ -89,17 +85,16 @@ def main(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"expected alphas like 0.6,0.7,0.8,0.9, got {args.alpha!r}", key="--alpha") from None
         if not all(0 < a < 1 for a in alphas):
             raise ConfigError(f"alphas must be in (0, 1), got {args.alpha!r}", key="--alpha")
-    ensure_models(console)
+    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
     results = []
     for alpha in alphas:
         summary = run_sweep(args, ks, alpha, console)
         console.print(per_k_table(summary))
         results.append((alpha, summary))
     if args.alpha and all(k in ks for k in TABLE3_KS):
-        scale = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("scale=")), "1")
-        console.print(table3(results, scale))
+        console.print(table3(results, api.scenario(args.scenario, overrides=args.overrides).scale))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps([s for _, s in results], indent=2) + "\n")
+        Path(args.json).write_text(json.dumps([s.to_dict() for _, s in results], indent=2) + "\n")
         console.print(f"JSON: {args.json}")
     return 0

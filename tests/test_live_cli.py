@@ -99,3 +99,38 @@ def test_prometheus_scrapes_a_running_testbed(tmp_path):
     # Prometheus's rate() over the steady middle of the run agrees with the testbed's own figure
     middle = sorted(rates)[len(rates) // 2]
     assert middle == pytest.approx(measured, rel=0.15), (rates, measured)
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed (apt-get install prometheus)")
+def test_grafana_hop_latency_quantiles_match_the_runs_own_figures(tmp_path):
+    """Every Grafana expression has data during a run; its hop p50/p99 agree with the run's JSON (issue 17)."""
+    from tests.test_grafana import expressions, load_dashboard
+
+    port = free_port()
+    out = tmp_path / "geo.json"
+    run = subprocess.Popen([sys.executable, "-m", "testbed", "run", "geo-ring", "--shaper", "userspace",
+                            "--set", "scale=0.1", "--tokens", "500", "--phases", "plain,speculative",
+                            "--no-dashboard", "--metrics-port", str(port), "--json", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    prom, base_url = start_prometheus([f"127.0.0.1:{port}"], tmp_path)
+    empty: list[str] | None = None
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while run.poll() is None and time.monotonic() < deadline:
+            time.sleep(1.0)
+            drafts = query(base_url, "testbed_spec_decode_num_drafts_total")
+            if empty is None and drafts and float(drafts[0]["value"][1]) >= 30:  # well into the speculative phase
+                empty = [f"{title}: {expr}" for title, expr in expressions(load_dashboard()) if not query(base_url, expr)]
+        output, _ = run.communicate(timeout=RUN_TIMEOUT_S)
+        last = {name: {r["metric"]["hop"]: float(r["value"][1]) * 1e3
+                       for r in query(base_url, f"last_over_time(testbed_hop_latency_{name}_seconds[1m])")}
+                for name in ("p50", "p99")}
+    finally:
+        run.kill()
+        stop_prometheus(prom)
+    assert run.returncode == 0, output
+    assert empty == [], empty  # None: the speculative phase was never scraped
+    summary = json.loads((tmp_path / "geo-speculative.json").read_text())
+    for hop in summary["per_hop"]:
+        assert last["p50"][hop["hop"]] == pytest.approx(hop["measured_ms_p50"], abs=0.5), (hop, last)
+        assert last["p99"][hop["hop"]] == pytest.approx(hop["measured_ms_p99"], abs=2.0), (hop, last)

@@ -2,7 +2,7 @@
 
 The same test as tests/test_wall.py (userspace relay), with the hops shaped by netem qdiscs on veths
 between one network namespace per agent. Predicted = 1/(C + T_ring) with C measured from the stage
-stamps (summary["compute_s"]) and T_ring as configured.
+stamps (summary.compute_s) and T_ring as configured.
 
 Needs root and a kernel with sch_netem; skipped otherwise (with the probe's reason). On a kernel
 without netem, run it inside user-mode-linux (~1.5 minutes there, ~40 s per ring, nearly all of it the
@@ -51,7 +51,7 @@ RINGS = [[5.0, 5.0, 5.0], [15.0, 10.0, 20.0]]
 def ring(request, netem_capable):
     scenario = ring_scenario(request.param, compute_ms=COMPUTE_MS, tokens=TOKENS)
     s = run(scenario, shaper="netem")
-    lap_ms = s["wall_s"] / s["laps"] * 1e3 if s["laps"] else float("nan")
+    lap_ms = s.wall_s / s.laps * 1e3 if s.laps else float("nan")
     print(f"\nnetem ring {request.param}: C {s['compute_s'] * 1e3:.2f} ms, lap {lap_ms:.2f} ms vs C + T_ring "
           f"{(s['compute_s'] + scenario.t_ring_s) * 1e3:.2f} ms, rate error {s['error_pct']:+.1f} %, "
           f"per-hop p50 excess {[round(h['measured_ms_p50'] - h['configured_ms'], 3) for h in s['per_hop']]} ms, "
@@ -67,44 +67,44 @@ def netem_rate_tolerance(n_hops: int, lap_s: float) -> float:
 
 def test_measured_rate_matches_the_wall(ring):
     scenario, s = ring
-    lap_s = s["compute_s"] + scenario.t_ring_s
-    predicted = physics.wall_rate(s["compute_s"], scenario.t_ring_s)
-    assert s["predicted_tok_s"] == pytest.approx(predicted)
+    lap_s = s.compute_s + scenario.t_ring_s
+    predicted = physics.wall_rate(s.compute_s, scenario.t_ring_s)
+    assert s.predicted_tok_s == pytest.approx(predicted)
     tolerance = netem_rate_tolerance(scenario.n_stages, lap_s)
-    assert s["measured_tok_s"] == pytest.approx(predicted, rel=tolerance), (tolerance, s["per_hop"])
+    assert s.measured_tok_s == pytest.approx(predicted, rel=tolerance), (tolerance, s.per_hop)
     # never faster than the wall: every hop is at least its configured delay
-    assert 1 / s["measured_tok_s"] >= lap_s - scenario.n_stages * EARLY_MS / 1e3
+    assert 1 / s.measured_tok_s >= lap_s - scenario.n_stages * EARLY_MS / 1e3
     n = scenario.n_stages
-    assert n * (COMPUTE_MS - EARLY_MS) <= s["compute_s"] * 1e3 <= n * (COMPUTE_MS + NETEM_STAGE_PAD_BUDGET_MS)
-    assert s["tokens"] == s["laps"] == TOKENS - 1  # one token from the prefill lap, the rest from decode laps
+    assert n * (COMPUTE_MS - EARLY_MS) <= s.compute_s * 1e3 <= n * (COMPUTE_MS + NETEM_STAGE_PAD_BUDGET_MS)
+    assert s.tokens == s.laps == TOKENS - 1  # one token from the prefill lap, the rest from decode laps
 
 
 def test_every_hop_measures_its_configured_latency(ring):
     scenario, s = ring
-    assert len(s["per_hop"]) == scenario.n_stages
-    for hop, link in zip(s["per_hop"], scenario.ring):
-        assert hop["hop"] == link.name
+    assert len(s.per_hop) == scenario.n_stages
+    for hop, link in zip(s.per_hop, scenario.ring):
+        assert hop.hop == link.name
         # never early; late by no more than the overhead budget
-        assert link.delay_ms - EARLY_MS <= hop["measured_ms_p50"] <= link.delay_ms + NETEM_HOP_OVERHEAD_BUDGET_MS, hop
-        assert hop["bytes_per_lap"] > 128 * 4  # one [1, 1, 128] float32 hidden state plus header and stamps
+        assert link.delay_ms - EARLY_MS <= hop.measured_ms_p50 <= link.delay_ms + NETEM_HOP_OVERHEAD_BUDGET_MS, hop
+        assert hop.bytes_per_lap > 128 * 4  # one [1, 1, 128] float32 hidden state plus header and stamps
 
 
 def test_self_check_probes_measured_every_hop(ring):
     scenario, s = ring
-    checks = s["self_check"]
+    checks = s.self_check
     assert checks, "no self_check in the summary (probe frames before the first lap)"
-    assert [c["hop"] for c in checks] == [link.name for link in scenario.ring]
+    assert [c.hop for c in checks] == [link.name for link in scenario.ring]
     for check, link in zip(checks, scenario.ring):
-        assert check["configured_ms"] == link.delay_ms
-        assert link.delay_ms - EARLY_MS <= check["measured_ms_p50"] <= link.delay_ms + NETEM_HOP_OVERHEAD_BUDGET_MS
+        assert check.configured_ms == link.delay_ms
+        assert link.delay_ms - EARLY_MS <= check.measured_ms_p50 <= link.delay_ms + NETEM_HOP_OVERHEAD_BUDGET_MS
 
 
 def test_summary_contract(ring):
     scenario, s = ring
     for key in ("scenario", "shaper", "stages", "hops_ms", "tokens", "laps", "wall_s", "compute_s", "t_ring_s",
                 "measured_tok_s", "predicted_tok_s", "per_hop", "overhead_ms_per_hop", "self_check"):
-        assert key in s
-    assert s["shaper"] == "netem" and s["stages"] == scenario.n_stages
-    assert s["hops_ms"] == [link.delay_ms for link in scenario.ring]
-    assert s["t_ring_s"] == pytest.approx(scenario.t_ring_s)
-    assert s["ttft"]["measured_s"] >= s["t_ring_s"]
+        assert key in s.to_dict()
+    assert s.shaper == "netem" and s.stages == scenario.n_stages
+    assert list(s.hops_ms) == [link.delay_ms for link in scenario.ring]
+    assert s.t_ring_s == pytest.approx(scenario.t_ring_s)
+    assert s.ttft.measured_s >= s.t_ring_s

@@ -24,7 +24,10 @@ from typing import Final
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from testbed.metrics import RunMetrics, create_metrics
+from testbed.collector import RunCollector
+from testbed.runlog import RunLog
+from tests.fakes import (HOP_DELAYS_S, HOP_OVERHEAD_S, HOPS, SPEC_ACCEPTED, SPEC_DRAFT_S, STAGE_COMPUTE_S, fake_lap,
+                         fake_scenario)
 from tests.test_grafana import PROMETHEUS_YML, expressions, load_dashboard
 
 PROMETHEUS: Final = "/usr/bin/prometheus"
@@ -36,9 +39,6 @@ TRUE_TOKEN_RATE: Final = 40.0  # tokens/s the feeder produces
 LAP_PERIOD_S: Final = 1.0 / TRUE_TOKEN_RATE
 RATE_WINDOW: Final = "5s"
 RATE_TOLERANCE: Final = 0.10  # relative; the feeder's own jitter over a 5 s window is well under 1%
-STAGES: Final = ["hong-kong", "dublin", "new-york"]
-HOPS: Final = ["0->1", "1->2", "2->0"]
-SPEC_K: Final = 4
 
 pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
                                 reason=f"{PROMETHEUS} not installed (apt-get install prometheus)")
@@ -128,38 +128,14 @@ def query(base_url: str, expr: str) -> list[dict]:
     return answer["data"]["result"]
 
 
-def feed(metrics: RunMetrics, stop: threading.Event) -> None:
-    """Pretend to be a steady run: one lap (one token) every LAP_PERIOD_S, on an absolute schedule."""
-    for kind, value in (("measured", TRUE_TOKEN_RATE), ("predicted", TRUE_TOKEN_RATE * 1.01)):
-        metrics.decode_rate_tokens_per_second.labels(kind=kind).set(value)
-    metrics.ring_latency_seconds.labels(kind="configured").set(0.015)
-    metrics.ring_latency_seconds.labels(kind="measured").set(0.0152)
-    metrics.compute_seconds.labels(kind="total").set(0.010)
-    metrics.compute_seconds.labels(kind="real").set(0.001)
-    for kind, value in (("measured", 2.3), ("predicted", 2.31)):
-        metrics.spec_gamma.labels(kind=kind).set(value)
-    metrics.spec_acceptance_rate.set(0.6)
-    metrics.spec_k.set(SPEC_K)
+def feed(logs: list[RunLog], stop: threading.Event) -> None:
+    """Pretend to be a steady run: a plain phase and a speculative phase, one lap each every LAP_PERIOD_S."""
     start = time.monotonic()
     lap = 0
     while not stop.is_set():
         lap += 1
-        metrics.tokens_total.labels(kind="plain").inc()
-        metrics.laps_total.labels(kind="plain").inc()
-        metrics.lap_seconds.labels(kind="plain").observe(0.025)
-        for hop, delay_s in zip(HOPS, (0.004, 0.005, 0.006), strict=True):
-            metrics.hop_configured_latency_seconds.labels(hop=hop).set(delay_s)
-            metrics.hop_latency_seconds.labels(hop=hop).observe(delay_s + 0.0002)
-            metrics.hop_bytes_total.labels(hop=hop).inc(560)
-        for stage in STAGES:
-            metrics.stage_compute_seconds.labels(stage=stage, kind="total").observe(0.0033)
-            metrics.stage_compute_seconds.labels(stage=stage, kind="real").observe(0.0003)
-        metrics.spec_num_drafts_total.inc()
-        metrics.spec_num_draft_tokens_total.inc(SPEC_K)
-        metrics.spec_num_accepted_tokens_total.inc(2)
-        for position in range(2):
-            metrics.spec_num_accepted_tokens_per_pos_total.labels(position=str(position)).inc()
-        metrics.spec_draft_seconds.observe(SPEC_K * 0.001)
+        logs[0].add_lap(fake_lap(lap, lap * 0.1, spec=False))
+        logs[1].add_lap(fake_lap(lap, lap * 0.1, spec=True))
         stop.wait(max(0.0, start + lap * LAP_PERIOD_S - time.monotonic()))
 
 
@@ -167,10 +143,11 @@ def feed(metrics: RunMetrics, stop: threading.Event) -> None:
 def prometheus_over_exporter() -> Iterator[str]:
     """A fed exporter on a fresh registry and a Prometheus scraping it; yields Prometheus's base URL."""
     registry = CollectorRegistry()
-    metrics = create_metrics(registry, STAGES, HOPS)
+    logs = [RunLog(fake_scenario("plain")), RunLog(fake_scenario("speculative"))]
+    registry.register(RunCollector(lambda: logs))
     server, server_thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     stop = threading.Event()
-    feeder = threading.Thread(target=feed, args=(metrics, stop), name="token-feeder", daemon=True)
+    feeder = threading.Thread(target=feed, args=(logs, stop), name="token-feeder", daemon=True)
     tmpdir = tempfile.mkdtemp(prefix="geo-ring-prometheus-")
     proc = None
     try:
@@ -225,7 +202,14 @@ def test_every_grafana_expression_evaluates_to_data(prometheus_over_exporter):
     assert not empty, "no data for:\n" + "\n".join(empty)
     error = query(base_url, next(expr for title, expr in expressions(load_dashboard())
                                  if title == "Error, measured vs predicted"))
-    assert float(error[0]["value"][1]) == pytest.approx(100 * (1 / 1.01 - 1), abs=0.01)
+    # the current (speculative) phase: its rounds take draft + C + T_ring + the hops' overhead
+    round_s = SPEC_DRAFT_S + 3 * STAGE_COMPUTE_S + sum(HOP_DELAYS_S)
+    measured = (SPEC_ACCEPTED + 1) / (round_s + 3 * HOP_OVERHEAD_S)
+    predicted = (SPEC_ACCEPTED + 1) / round_s
+    assert float(error[0]["value"][1]) == pytest.approx(100 * (measured / predicted - 1), abs=0.01)
     wall = query(base_url, "1 / (testbed_compute_seconds{kind=\"total\"} + ignoring(kind) "
                            "testbed_ring_latency_seconds{kind=\"configured\"})")
-    assert float(wall[0]["value"][1]) == pytest.approx(1 / 0.025)
+    assert float(wall[0]["value"][1]) == pytest.approx(1 / (3 * STAGE_COMPUTE_S + sum(HOP_DELAYS_S)))
+    for hop, delay in zip(HOPS, HOP_DELAYS_S):
+        p50 = query(base_url, f'testbed_hop_latency_p50_seconds{{hop="{hop}"}}')
+        assert float(p50[0]["value"][1]) == pytest.approx(delay + HOP_OVERHEAD_S, abs=1e-9)

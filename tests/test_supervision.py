@@ -14,7 +14,7 @@ from agents import wire
 from netem.userspace import UserspaceShaper
 from tests.ringutil import ring_scenario
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.laps import RunStats
+from testbed.runlog import RunLog
 from testbed.launcher import Launcher, new_run_id
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def processes_matching(token: str) -> list[str]:
 
 def launcher_for(scenario):
     shaper = UserspaceShaper(list(scenario.links), scenario.n_stages, new_run_id())
-    return Launcher(scenario, shaper, RunStats(scenario), log=lambda m: None)
+    return Launcher(scenario, shaper, RunLog(scenario), log=lambda m: None)
 
 
 async def test_crashed_agent_fails_the_run_and_everything_is_reaped():
@@ -71,7 +71,7 @@ async def test_malformed_frame_closes_only_that_connection():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send_garbage_to_stage_1)
             summary = await launcher.run()
-    assert summary["tokens"] == 59  # the ring kept decoding
+    assert summary.tokens == 59  # the ring kept decoding
     logs = "\n".join(launcher.agents[1].stderr_tail)
     assert "malformed frame: bad magic" in logs and "has a dimension over" in logs
 

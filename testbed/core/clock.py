@@ -80,3 +80,19 @@ async def receive_polling(stream: trio.SocketStream, raw_recv, predictor: Arriva
             except BlockingIOError:
                 await trio.lowlevel.checkpoint()
     return await stream.receive_some(max_bytes)
+
+
+class Clock:
+    """The box's one clock as an object that is passed in (tests hand in another, as Trio's MockClock is)."""
+
+    def now(self) -> float:
+        return now()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await sleep_until(deadline)
+
+    def spin_until(self, deadline: float) -> None:
+        spin_until(deadline)
+
+
+MONOTONIC = Clock()

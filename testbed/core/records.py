@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -35,6 +36,11 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = None) -> R:
     """cls(**data) for a (nested) dataclass, with a clear error naming unknown and missing fields."""
     what = what or cls.__name__
@@ -48,7 +54,7 @@ def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = N
                      and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
     if missing:
         raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     return cls(**{key: _convert(hints[key], value, f"{what}.{key}") for key, value in data.items()})
 
 
@@ -143,3 +149,24 @@ class LapRecord(JsonRecord):
         if n < 2:
             return []
         return [(self.stamps[i + 1].recv if i + 1 < n else self.return_recv) - self.stamps[i].send for i in range(n)]
+
+    @property
+    def ring_s(self) -> float:
+        return sum(self.hop_latencies_s())
+
+    def hop_bytes(self) -> list[int]:
+        return [s.sent_bytes for s in self.stamps] if len(self.stamps) > 1 else []
+
+    def stage_compute_s(self) -> list[float]:
+        """Per-stage compute of this lap, emulated padding included; the entry's head counts to stage 0."""
+        head = (self.head.end - self.head.start) if self.head is not None else 0.0
+        return [s.compute_end - s.compute_start + (head if i == 0 else 0.0) for i, s in enumerate(self.stamps)]
+
+    def stage_real_s(self) -> list[float]:
+        """Per-stage real forward-pass time of this lap (the entry's front and head)."""
+        head = (self.head.real_end - self.head.start) if self.head is not None else 0.0
+        return [s.real_end - s.compute_start + (head if i == 0 else 0.0) for i, s in enumerate(self.stamps)]
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.stage_compute_s())

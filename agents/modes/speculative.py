@@ -17,23 +17,20 @@ sum_x min(p(x), q(x)), which, unlike accepted/drafted, is not biased by the stop
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
 from agents.model import GPT, KVCache
 from agents.model import encode as encode_text
-from testbed.core import clock, physics
-from testbed.metrics import SPEC_MAX_POSITIONS
+from agents.ring import CONTEXT_KEEP, RingClient
+from testbed.core import physics
+from testbed.core.clock import Clock
+from testbed.core.decode import DecodeConfig
 
-if TYPE_CHECKING:
-    from agents.agent import Agent
-    from testbed.laps import RunStats
-    from testbed.metrics import RunMetrics
-
-CONTEXT_KEEP = 64  # tokens kept when the context window fills and a new sequence starts
 K_AUTO_START = 4  # K before anything has been measured
 K_AUTO_WARMUP_ROUNDS = 3  # rounds at K_AUTO_START before the online choice takes over
 ALPHA_PRIOR = 0.7
@@ -107,8 +104,9 @@ class Drafter:
     """Proposes K tokens locally on the entry node, keeping its own KV cache in step with the sequence."""
 
     def __init__(self, model: GPT, kind: str, alpha: float, temperature: float, draft_s: float,
-                 rand: PositionRandom) -> None:
+                 rand: PositionRandom, clock: Clock) -> None:
         self.model = model
+        self.clock = clock
         self.kind = kind
         self.alpha = alpha
         self.temperature = temperature
@@ -139,6 +137,7 @@ class Drafter:
     def propose(self, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor], float, float]:
         """K drafts and their q rows; also the draft time (with emulation) and the real compute time."""
         drafts, qs, real = [], [], 0.0
+        clock = self.clock
         start = clock.now()
         context = list(sequence)
         for _ in range(k):
@@ -191,167 +190,90 @@ class KChooser:
         return k
 
 
-def _lap_compute_and_ring(record: dict, n_stages: int) -> tuple[float, float]:
-    from testbed.laps import decompose
-
-    lap = decompose(record, n_stages)
-    return lap.compute_s, lap.ring_s
-
-
-def k_schedule(decode: dict[str, Any]) -> Callable[[int, "KChooser"], int | None]:
+def k_schedule(config: DecodeConfig) -> Callable[[int, KChooser], int | None]:
     """Which K the next round uses: fixed, auto, or a sweep (rounds_per_k rounds at each K in k_sweep)."""
-    sweep = list(decode.get("k_sweep") or [])
-    rounds_per_k = int(decode.get("rounds_per_k", 30))
+    sweep, rounds_per_k = list(config.k_sweep), config.rounds_per_k
     if sweep:
         return lambda round_no, _chooser: sweep[round_no // rounds_per_k] if round_no < len(sweep) * rounds_per_k \
             else None
     return lambda _round_no, chooser: chooser.next_k()
 
 
-async def run_speculative(agent: "Agent", decode: dict[str, Any]) -> None:
-    """The entry node's decode loop with speculation; lap records carry the per-round figures.
+class SpeculativeMode:
+    """The entry node's decode loop with speculation; lap records carry the per-round figures in `extra`.
 
-    Ends after decode.tokens tokens, or, for a K sweep, after the last K's rounds.
+    Ends after config.tokens tokens, or, for a K sweep, after the last K's rounds.
     """
-    from agents.train import load_model
 
-    temperature = float(decode.get("temperature", 0.0))
-    rand = PositionRandom(int(decode.get("seed", 0)))
-    kind = decode.get("draft", "trained")
-    draft_s = float(decode.get("draft_ms", 0.0)) / 1e3
-    draft_model = load_model("target" if kind == "calibrated" else "draft")
-    drafter = Drafter(draft_model, kind, float(decode.get("alpha", 0.8)), temperature, draft_s, rand)
-    k_setting = decode.get("k", 4)
-    chooser = KChooser(None if k_setting == "auto" else int(k_setting), int(decode.get("k_max", 24)))
-    next_k = k_schedule(decode)
-    sweeping = bool(decode.get("k_sweep"))
-    block_size = agent.stage.model.config.block_size
-    n_stages = agent.spec.n_stages
-    prompt = encode_text(decode["prompt"])[-(block_size // 2):]
-    sequence: list[int] = []
-    generated, lap_no, round_no = 0, 0, 0
+    def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
+        from agents.train import load_model
 
-    async def restart(ids: list[int], origin: int) -> None:
+        self.config = config
+        self.ring = ring
+        self.rand = PositionRandom(config.seed)
+        draft_model = load_model("target" if config.draft == "calibrated" else "draft")
+        self.drafter = Drafter(draft_model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3,
+                               self.rand, ring.clock)
+        self.chooser = KChooser(None if config.k == "auto" else int(config.k), config.k_max)
+        self.sequence: list[int] = []
+        self.generated = 0
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        return sample(probabilities(logits[-1], self.config.temperature),
+                      self.rand.generator(len(self.sequence), PositionRandom.RESIDUAL))
+
+    async def restart(self, ids: list[int], origin: int) -> None:
         """Start a sequence (a prefill lap): at the beginning, when the context fills, and at each K of a sweep."""
-        nonlocal sequence, generated, lap_no
-        rand.origin = origin
-        sequence = list(ids)
-        token, record = await agent.lap(
-            sequence, 0, lap_no, "prefill",
-            lambda logits: sample(probabilities(logits[-1], temperature),
-                                  rand.generator(len(sequence), PositionRandom.RESIDUAL)))
-        agent.control.send("lap", tokens=1, ids=[token], **record)
-        sequence.append(token)
-        generated += 1
-        lap_no += 1
+        self.rand.origin = origin
+        self.sequence = list(ids)
+        token, record = await self.ring.lap(self.sequence, 0, "prefill", self.first_token)
+        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        self.sequence.append(token)
+        self.generated += 1
 
-    await restart(prompt, 0)
-    target_tokens = int(decode["tokens"])
-    while sweeping or generated < target_tokens:
-        k = next_k(round_no, chooser)
-        if k is None:
-            break
-        if sweeping and round_no > 0 and k != next_k(round_no - 1, chooser):
-            await restart(prompt, 0)  # every K starts from the same state: common random numbers across K
-        elif len(sequence) + k + 1 > block_size:
-            await restart(sequence[-CONTEXT_KEEP:], rand.origin + len(sequence) - CONTEXT_KEEP)
+    async def round(self, k: int) -> None:
+        """Draft K tokens, verify them in one lap, report the round."""
+        config, clock = self.config, self.ring.clock
         round_start = clock.now()
-        drafts, qs, draft_time, draft_real = drafter.propose(sequence, k)
-        block, pos = [sequence[-1]] + drafts, len(sequence) - 1
-        base = len(sequence)
+        drafts, qs, draft_time, draft_real = self.drafter.propose(self.sequence, k)
+        block, pos = [self.sequence[-1]] + drafts, len(self.sequence) - 1
+        base = len(self.sequence)
 
         def decide(logits: torch.Tensor) -> tuple[int, int, list[float]]:
-            p = [probabilities(row, temperature) for row in logits]  # K+1 rows
-            accepted, nxt = verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
+            p = [probabilities(row, config.temperature) for row in logits]  # K+1 rows
+            accepted, nxt = verify(drafts, qs, p, lambda offset, purpose: self.rand.generator(base + offset, purpose))
             return accepted, nxt, [overlap(p[i], qs[i]) for i in range(k)]
 
-        (accepted, nxt, overlaps), record = await agent.lap(block, pos, lap_no, "spec", decide)
+        (accepted, nxt, overlaps), record = await self.ring.lap(block, pos, "spec", decide)
         new_tokens = drafts[:accepted] + [nxt]
-        sequence.extend(new_tokens)
-        generated += len(new_tokens)
-        compute, ring = _lap_compute_and_ring(record, n_stages)
-        chooser.observe(overlaps, draft_time, k, compute, ring)
-        record["start"] = round_start  # a round is the draft plus the verify lap
-        spec = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
-                "overlap_sum": sum(overlaps), "draft": kind, "alpha_hat": chooser.alpha_hat,
-                "k_auto": k_setting == "auto" and not sweeping}
-        agent.control.send("lap", tokens=len(new_tokens), ids=new_tokens, spec=spec, **record)
-        lap_no += 1
-        round_no += 1
-    agent.control.send("done", tokens=generated)
+        self.sequence.extend(new_tokens)
+        self.generated += len(new_tokens)
+        self.chooser.observe(overlaps, draft_time, k, record.compute_s, record.ring_s)
+        sweeping = bool(config.k_sweep)
+        round_info = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
+                      "overlap_sum": sum(overlaps), "draft": config.draft, "alpha_hat": self.chooser.alpha_hat,
+                      "k_auto": config.k == "auto" and not sweeping}
+        # a round is the draft plus the verify lap
+        self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new_tokens),
+                                             ids=tuple(new_tokens), extra=round_info))
 
-
-# --- launcher side: metrics and summary --------------------------------------------------------
-
-def export_round(m: "RunMetrics", spec: dict, summary: dict | None) -> None:
-    m.spec_num_drafts_total.inc()
-    m.spec_num_draft_tokens_total.inc(spec["k"])
-    m.spec_num_accepted_tokens_total.inc(spec["accepted"])
-    for position in range(min(spec["accepted"], SPEC_MAX_POSITIONS)):
-        m.spec_num_accepted_tokens_per_pos_total.labels(position=str(position)).inc()
-    m.spec_draft_seconds.observe(spec["draft_s"])
-    m.spec_k.set(spec["k"])
-    if summary:
-        m.spec_acceptance_rate.set(summary["alpha"])
-        m.spec_gamma.labels(kind="measured").set(summary["gamma_measured"])
-        m.spec_gamma.labels(kind="predicted").set(summary["gamma_predicted"])
-
-
-def _rate_figures(rounds: list, t_ring: float, alpha: float) -> dict:
-    """Measured and predicted figures of a set of rounds (all rounds of a run, or those at one K)."""
-    ks = [lap.spec["k"] for lap in rounds]
-    gamma_measured = float(np.mean([lap.tokens for lap in rounds]))
-    draft_s = float(np.mean([lap.spec["draft_s"] for lap in rounds]))
-    compute = float(np.mean([lap.compute_s for lap in rounds]))
-    round_s = float(np.mean([lap.duration_s for lap in rounds]))
-    gamma_predicted = float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks]))
-    return {
-        "rounds": len(rounds), "gamma_measured": gamma_measured, "gamma_predicted": gamma_predicted,
-        "draft_s": draft_s, "draft_per_token_s": draft_s / float(np.mean(ks)), "verify_compute_s": compute,
-        "round_s": round_s, "measured_tok_s": sum(lap.tokens for lap in rounds) / sum(lap.duration_s for lap in rounds),
-        # r_spec = Gamma / (K c_d + C + T_ring): measured Gamma, K c_d and C; configured T_ring
-        "predicted_tok_s": gamma_measured / (draft_s + compute + t_ring),
-        # the same with Gamma(alpha_hat, K) in place of the measured Gamma: the formula end to end
-        "predicted_tok_s_from_alpha": gamma_predicted / (draft_s + compute + t_ring),
-    }
-
-
-def summarize_spec(stats: "RunStats", summary: dict) -> dict | None:
-    """The JSON summary's `spec` object (DESIGN.md section 4) from the rounds seen so far."""
-    rounds = [lap for lap in stats.laps if lap.kind == "spec"]
-    if not rounds:
-        return None
-    ks = [lap.spec["k"] for lap in rounds]
-    alpha = sum(lap.spec["overlap_sum"] for lap in rounds) / sum(ks)
-    accepted_per_pos = [0] * max(ks)
-    drafted_per_pos = [0] * max(ks)
-    for lap in rounds:
-        for i in range(lap.spec["k"]):
-            drafted_per_pos[i] += 1
-            accepted_per_pos[i] += int(i < lap.spec["accepted"])
-    t_ring = stats.scenario.t_ring_s
-    overall = _rate_figures(rounds, t_ring, alpha)
-    k_star, r_star = physics.best_k(min(alpha, 0.999), overall["draft_per_token_s"], overall["verify_compute_s"],
-                                    t_ring, max(stats.scenario.decode.k_max, max(ks)))
-    spec = {
-        "k": ks[-1] if len(set(ks)) == 1 else round(float(np.mean(ks)), 2), "k_last": ks[-1],
-        "k_auto": bool(rounds[-1].spec.get("k_auto")), "draft": rounds[-1].spec["draft"],
-        "drafted": sum(ks), "accepted": sum(lap.spec["accepted"] for lap in rounds), "alpha": alpha,
-        "alpha_dialled": stats.scenario.decode.alpha if rounds[-1].spec["draft"] == "calibrated" else None,
-        "acceptance_per_position": [a / d for a, d in zip(accepted_per_pos, drafted_per_pos)],
-        **overall,
-        "k_star": k_star, "k_star_tok_s": r_star,
-        "plain_predicted_tok_s": physics.wall_rate(overall["verify_compute_s"], t_ring),
-    }
-    if len(set(ks)) > 1 and not spec["k_auto"]:
-        per_k = []
-        for k in sorted(set(ks)):
-            at_k = [lap for lap in rounds if lap.spec["k"] == k]
-            # the curve predicted from this run's alpha_hat, c_d and C, at this K
-            formula = physics.spec_rate(min(alpha, 1.0), k, spec["draft_per_token_s"], spec["verify_compute_s"],
-                                        t_ring)
-            per_k.append({"k": k, **_rate_figures(at_k, t_ring, alpha), "formula_tok_s": formula})
-        spec["per_k"] = per_k
-        spec["k_star_measured"] = max(per_k, key=lambda row: row["measured_tok_s"])["k"]
-        spec["k_star_predicted"] = max(per_k, key=lambda row: row["formula_tok_s"])["k"]
-    return spec
+    async def run(self) -> int:
+        config = self.config
+        block_size = self.ring.stage.model.config.block_size
+        prompt = encode_text(config.prompt)[-(block_size // 2):]
+        next_k = k_schedule(config)
+        sweeping = bool(config.k_sweep)
+        await self.restart(prompt, 0)
+        round_no = 0
+        while sweeping or self.generated < config.tokens:
+            k = next_k(round_no, self.chooser)
+            if k is None:
+                break
+            if sweeping and round_no > 0 and k != next_k(round_no - 1, self.chooser):
+                await self.restart(prompt, 0)  # every K starts from the same state: common random numbers across K
+            elif len(self.sequence) + k + 1 > block_size:
+                keep = self.sequence[-CONTEXT_KEEP:]
+                await self.restart(keep, self.rand.origin + len(self.sequence) - CONTEXT_KEEP)
+            await self.round(k)
+            round_no += 1
+        return self.generated

@@ -1,0 +1,47 @@
+"""Plain autoregressive decode: one token per lap, at the wall r = 1 / (C + T_ring)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from agents.model import encode as encode_text
+from agents.ring import CONTEXT_KEEP, RingClient
+from testbed.core.decode import DecodeConfig
+
+
+
+class PlainMode:
+    def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
+        self.config = config
+        self.ring = ring
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        last = logits[-1]
+        if self.config.temperature <= 0:
+            return int(torch.argmax(last))
+        probs = torch.softmax(last / self.config.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    async def step(self, block: list[int], pos: int, kind: str) -> int:
+        token, record = await self.ring.lap(block, pos, kind, self.sample)
+        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        return token
+
+    async def run(self) -> int:
+        """Decode config.tokens tokens; returns how many were generated."""
+        block_size = self.ring.stage.model.config.block_size
+        sequence = encode_text(self.config.prompt)[-(block_size // 2):]
+        sequence.append(await self.step(sequence, 0, "prefill"))
+        generated = 1
+        while generated < self.config.tokens:
+            if len(sequence) >= block_size:
+                # Context full: start a new sequence from the recent tokens (a prefill lap, not a decode lap).
+                sequence = sequence[-CONTEXT_KEEP:]
+                sequence.append(await self.step(sequence, 0, "prefill"))
+            else:
+                sequence.append(await self.step([sequence[-1]], len(sequence) - 1, "decode"))
+            generated += 1
+        return generated

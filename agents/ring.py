@@ -1,0 +1,199 @@
+"""The ring client: an agent's links to its peers, the frames it stamps, and one lap around the ring."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import trio
+
+from agents import wire
+from agents.stage import PipelineStage
+from testbed.core import clock as clock_module
+from testbed.core.clock import Clock
+from testbed.core.errors import LinkBroken, PeerTimeout, WireError
+from testbed.core.records import Address, HeadTiming, LapRecord, Stamp
+
+CONNECT_TIMEOUT_S = 30.0
+CONNECT_RETRY_S = 0.05
+LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
+PROBE_LAPS = 5
+SHUTDOWN_GRACE_S = 5.0
+INBOX_FRAMES = 16
+CONTEXT_KEEP = 64  # tokens a mode keeps when the context window fills and a new sequence starts
+
+
+class RingClient:
+    """What a decode mode drives: `await ring.lap(ids, pos, kind, decide)`; middle stages `serve()`.
+
+    `peers` maps every stage this one has a directed link to onto the address that reaches it (the shaper's
+    relay or the peer's own address in its namespace); the ring uses the link to the next stage, modes that
+    talk to more than the next stage use the others.
+    """
+
+    def __init__(self, stage: PipelineStage, stage_index: int, n_stages: int, compute_ms: float, *, mode: str,
+                 report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
+                 log: Callable[[str], None] = print) -> None:
+        self.stage = stage
+        self.index = stage_index
+        self.n_stages = n_stages
+        self.compute_s = compute_ms / 1e3
+        self.mode = mode
+        self.report_event = report
+        self.clock = clock
+        self.log = log
+        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES)
+        self.peers: dict[int, trio.SocketStream] = {}
+        self.lap_no = 0
+
+    @property
+    def next_stage(self) -> int:
+        return (self.index + 1) % self.n_stages
+
+    # --- links ---------------------------------------------------------------------------------
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """Read frames from one upstream connection into the inbox; a bad frame closes this connection only.
+
+        Frames come at the lap's regular period, so the reader polls around the predicted arrival
+        rather than sleeping through it (see testbed.core.clock.ArrivalPredictor).
+        """
+        raw = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        raw.setblocking(False)
+        predictor = clock_module.ArrivalPredictor()
+        reader = wire.FrameReader(stream, lambda n: clock_module.receive_polling(stream, raw.recv, predictor, n))
+        try:
+            while (item := await reader.read()) is not None:
+                predictor.observe(item[1])
+                await self.inbox_send.send(item)
+        except WireError as exc:
+            self.log(f"closing connection: malformed frame: {exc}")
+        except LinkBroken as exc:
+            self.log(f"upstream connection broke: {exc}")
+        finally:
+            raw.close()
+            await trio.aclose_forcefully(stream)
+
+    async def dial(self, peers: dict[int, Address]) -> None:
+        """Open a connection over every outgoing link (the shaper decided what address reaches each peer)."""
+        for dst, address in sorted(peers.items()):
+            deadline = trio.current_time() + CONNECT_TIMEOUT_S
+            while dst not in self.peers:
+                try:
+                    stream = await trio.open_tcp_stream(*address)
+                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
+                    self.peers[dst] = stream
+                except OSError as exc:
+                    if trio.current_time() > deadline:
+                        raise PeerTimeout(f"cannot reach stage {dst} at {address}: {exc}") from exc
+                    await trio.sleep(CONNECT_RETRY_S)
+
+    async def send(self, frame: wire.Frame, dst: int | None = None) -> int:
+        dst = self.next_stage if dst is None else dst
+        stream = self.peers.get(dst)
+        if stream is None:
+            raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
+        data = wire.encode(frame)
+        try:
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise LinkBroken(f"stage {dst} closed the connection: {exc}") from exc
+        return len(data)
+
+    async def receive(self) -> tuple[wire.Frame, float]:
+        try:
+            with trio.fail_after(LAP_TIMEOUT_S):
+                return await self.inbox.receive()
+        except trio.TooSlowError as exc:
+            raise PeerTimeout(f"no frame from upstream within {LAP_TIMEOUT_S} s") from exc
+
+    def stamped(self, frame: wire.Frame, recv: float, start: float, real_end: float, end: float,
+                tensor: np.ndarray | None) -> wire.Frame:
+        """The frame to send on, with this stage's stamp (send time taken now, just before sending)."""
+        tensor = frame.tensor if tensor is None else tensor
+        size = wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + (0 if tensor is None else tensor.nbytes)
+        stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size)
+        return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
+
+    def pass_through(self, frame: wire.Frame, recv: float) -> wire.Frame:
+        return self.stamped(frame, recv, recv, recv, recv, None)
+
+    # --- middle stages -------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Non-entry stages: compute on every frame and pass it on, until SHUTDOWN."""
+        while True:
+            frame, recv = await self.inbox.receive()
+            if frame.kind in (wire.Kind.SHUTDOWN, wire.Kind.PROBE):
+                await self.send(self.pass_through(frame, recv))
+                if frame.kind == wire.Kind.SHUTDOWN:
+                    return
+                continue
+            start = self.clock.now()
+            hidden = self.stage.run(frame.tensor, frame.pos)
+            real_end = self.clock.now()
+            await self.clock.sleep_until(start + self.compute_s)
+            await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden))
+
+    # --- entry stage ---------------------------------------------------------------------------
+
+    async def probe(self, laps: int = PROBE_LAPS) -> None:
+        """Self-check: send empty frames around the ring and report every hop's one-way latency."""
+        if self.n_stages == 1:
+            return
+        for i in range(laps):
+            t = self.clock.now()
+            await self.send(self.pass_through(wire.Frame(wire.Kind.PROBE, lap=i), t))
+            frame, recv = await self.receive()
+            self.report_event("probe", {"record": LapRecord(i, "probe", self.mode, 0, 0, t, recv, frame.stamps,
+                                                            recv).to_dict()})
+
+    async def lap(self, ids: list[int], pos: int, kind: str, decide: Callable[[torch.Tensor], Any]
+                  ) -> tuple[Any, LapRecord]:
+        """One traversal for a block of tokens at positions pos..; `decide(logits)` runs in the head.
+
+        Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before
+        `report`). Entry compute (front + head) is padded to compute_ms.
+        """
+        lap_no, self.lap_no = self.lap_no, self.lap_no + 1
+        start = self.clock.now()
+        hidden = self.stage.embed_and_run(ids, pos)
+        front_real_end = self.clock.now()
+        if self.n_stages > 1:
+            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
+            await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden))
+            back, return_recv = await self.receive()
+            if back.kind != wire.Kind.HIDDEN or back.lap != lap_no:
+                raise WireError(f"expected lap {lap_no} back, got {back.kind.name} lap {back.lap}")
+            stamps, hidden = back.stamps, back.tensor
+        else:
+            stamps = (Stamp(0, start, start, front_real_end, front_real_end, front_real_end),)
+            return_recv = front_real_end
+        head_start = self.clock.now()
+        result = decide(self.stage.logits(hidden))
+        head_real_end = self.clock.now()
+        front = front_real_end - start
+        await self.clock.sleep_until(max(head_real_end, head_start + self.compute_s - front))
+        end = self.clock.now()
+        record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
+                           HeadTiming(head_start, head_real_end, end))
+        return result, record
+
+    def report(self, record: LapRecord) -> None:
+        """Send a finished lap's record to the launcher."""
+        self.report_event("lap", {"record": record.to_dict()})
+
+    async def shutdown(self) -> None:
+        if self.n_stages == 1 or self.next_stage not in self.peers:
+            return
+        t = self.clock.now()
+        await self.send(self.pass_through(wire.Frame(wire.Kind.SHUTDOWN), t))
+        with trio.move_on_after(SHUTDOWN_GRACE_S):
+            while True:
+                frame, _ = await self.inbox.receive()
+                if frame.kind == wire.Kind.SHUTDOWN:
+                    break

@@ -1,0 +1,58 @@
+"""The decode settings every agent receives (typed across the process boundary) and the registry of decode modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.core.records import JsonRecord
+
+K_MAX_BOUND = 64  # the largest draft length any setting may ask for
+DRAFT_KINDS = ("trained", "calibrated")
+
+
+@dataclass(frozen=True)
+class DecodeConfig(JsonRecord):
+    """[decode] of a scenario. Defaults live here once; agents get it as JSON and rebuild this very class."""
+
+    mode: str = "plain"  # a key of MODES
+    tokens: int = 32
+    prompt: str = "def main():\n    "
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0
+    k: int | str = 4  # speculation: draft length, or "auto"
+    k_max: int = 24
+    draft: str = "trained"  # or "calibrated"
+    alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
+    draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
+    k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
+    rounds_per_k: int = 30
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """One decode mode: where its entry-node loop lives and what the launcher does with its laps.
+
+    `runner` and `summarizer` are "module:attribute" paths, imported only by the process that needs them
+    (the entry agent imports the runner; the launcher the summarizer), so this table imports nothing.
+    """
+
+    name: str
+    runner: str  # a class with `__init__(config, ring)` and `async run()`, driving laps through the ring client
+    metric_kind: str  # the `kind` label of its laps in Prometheus
+    summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
+
+
+# A new decode mode is one module plus one line here.
+MODES: dict[str, ModeInfo] = {info.name: info for info in (
+    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain"),
+    ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
+             summarizer="testbed.spec_summary:summarize_spec"),
+)}
+
+
+def resolve(path: str):
+    """Import "module:attribute" and return the attribute."""
+    import importlib
+
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,34 @@
+"""The run's headline predictions from its running aggregates: the one owner of "predicted" (O(1) per call)."""
+
+from __future__ import annotations
+
+from testbed.core import physics
+from testbed.runlog import RunLog
+
+
+def wall_tok_s(log: RunLog) -> float | None:
+    """r = 1 / (C + T_ring): measured mean C of the decode laps, configured T_ring (seed 000, Eq. 2)."""
+    compute = log.mean_compute_s
+    return physics.wall_rate(compute, log.scenario.t_ring_s) if compute is not None else None
+
+
+def spec_gamma_predicted(log: RunLog) -> float | None:
+    """Gamma(alpha_hat, K) averaged over the rounds' K (seed 000, Eq. 6)."""
+    alpha = log.spec_alpha
+    if alpha is None:
+        return None
+    return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in log.spec_k_counts.items()) / log.spec_rounds
+
+
+def spec_tok_s(log: RunLog) -> float | None:
+    """r_spec = Gamma / (K c_d + C + T_ring) with the measured Gamma, K c_d and C (seed 000, Eq. 7)."""
+    if not log.spec_rounds:
+        return None
+    n = log.spec_rounds
+    return (log.spec_tokens / n) / (log.spec_draft_s_sum / n + log.spec_compute_s_sum / n + log.scenario.t_ring_s)
+
+
+def predicted_tok_s(log: RunLog) -> float | None:
+    """The headline prediction: the speculative rate once there are rounds, else the wall."""
+    spec = spec_tok_s(log)
+    return spec if spec is not None else wall_tok_s(log)

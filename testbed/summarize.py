@@ -1,0 +1,79 @@
+"""summarize(log) -> RunSummary: the one place a run's measured figures meet their predictions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.model import decode as decode_bytes
+from testbed.core import physics
+from testbed.core.decode import MODES, resolve
+from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
+from testbed import predict
+from testbed.runlog import DECODE_KINDS, RunLog
+
+SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def self_check(log: RunLog) -> tuple[LinkCheck, ...] | None:
+    """Per-hop one-way latency of the probe frames sent before the first lap, against the configuration."""
+    if not log.probes:
+        return None
+    checks = []
+    for i, link in enumerate(log.scenario.ring):
+        measured = float(np.median([p.hop_latencies_s()[i] for p in log.probes])) * 1e3
+        tolerance = SELF_CHECK_BASE_TOLERANCE_MS + 0.02 * link.delay_ms + 3 * link.jitter_ms
+        checks.append(LinkCheck(link.name, link.delay_ms, measured, tolerance, abs(measured - link.delay_ms) <= tolerance))
+    return tuple(checks)
+
+
+def summarize(log: RunLog) -> RunSummary:
+    """Every figure of the run so far, next to its closed form (configured links, measured compute)."""
+    sc = log.scenario
+    decode = [lap for lap in log.laps if lap.kind in DECODE_KINDS]
+    compute = log.mean_compute_s
+    measured = log.measured_tok_s
+    predicted = predict.predicted_tok_s(log)
+    hop_samples = [lap.hop_latencies_s() for lap in (decode or log.laps)]
+    per_hop = []
+    for i, link in enumerate(sc.ring):
+        samples = [hops[i] * 1e3 for hops in hop_samples if hops]
+        sizes = [lap.hop_bytes()[i] for lap in decode if lap.kind == "decode"] or [lap.hop_bytes()[i] for lap in decode]
+        per_hop.append(HopSummary(link.name, link.delay_ms, _percentile(samples, 50), _percentile(samples, 99),
+                                  int(np.mean(sizes)) if sizes else None))
+    overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
+    stage_compute = np.array([lap.stage_compute_s() for lap in decode]) if decode else None  # [laps, stages]
+    stage_real = np.array([lap.stage_real_s() for lap in decode]) if decode else None
+    per_stage = tuple(StageSummary(i, st.name, st.compute_ms,
+                                   float(stage_compute[:, i].mean()) * 1e3 if decode else None,
+                                   float(stage_real[:, i].mean()) * 1e3 if decode else None)
+                      for i, st in enumerate(sc.stages))
+    prefill = [lap for lap in log.laps if lap.kind == "prefill"]
+    ttft = None
+    if prefill:
+        first = prefill[0]
+        ttft = TtftSummary(first.n_tok, first.duration_s, first.compute_s, physics.ttft(first.compute_s, sc.t_ring_s))
+    mode_summary = None
+    summarizer = MODES[sc.decode.mode].summarizer
+    if summarizer is not None:
+        mode_summary = resolve(summarizer)(log.laps, sc)
+    # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
+    residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.extra.get("draft_s", 0.0)
+                               for lap in decode])) * 1e3 if decode else None)
+    return RunSummary(
+        scenario=sc.name, description=sc.description, shaper=log.shaper, shaper_reason=log.shaper_reason,
+        phase=log.phase, mode=sc.decode.mode, stages=sc.n_stages, stage_names=tuple(s.name for s in sc.stages),
+        hops_ms=tuple(link.delay_ms for link in sc.ring), tokens=log.decode_tokens, laps=log.decode_laps,
+        wall_s=log.decode_wall_s, compute_s=compute, compute_real_s=log.mean_real_s, t_ring_s=sc.t_ring_s,
+        t_ring_measured_s=log.mean_ring_s if sc.n_stages > 1 else (0.0 if decode else None),
+        measured_tok_s=measured, predicted_tok_s=predicted,
+        error_pct=(measured / predicted - 1) * 100 if measured and predicted else None,
+        lap_residual_ms=residual, per_hop=tuple(per_hop), per_stage=per_stage,
+        overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
+        ttft=ttft, self_check=self_check(log), spec=mode_summary,
+        history=tuple(log.history), metrics_url=log.metrics_url,
+        text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
+    )

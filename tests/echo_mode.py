@@ -1,0 +1,24 @@
+"""A decode mode sketched for the mode seam's test: it feeds the prompt back one byte per lap (teacher forcing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agents.model import encode
+from agents.ring import RingClient
+from testbed.core.decode import DecodeConfig
+
+
+class EchoMode:
+    """Each lap carries the next prompt byte and reports it as the lap's token: the wall, on a fixed input."""
+
+    def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
+        self.config = config
+        self.ring = ring
+
+    async def run(self) -> int:
+        ids = encode(self.config.prompt)
+        for pos, token in enumerate(ids[: self.config.tokens]):
+            _, record = await self.ring.lap([token], pos, "decode", lambda logits: None)
+            self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        return min(len(ids), self.config.tokens)

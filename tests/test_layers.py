@@ -1,0 +1,138 @@
+"""The packages are layered: imports point down only, and no module imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("testbed", "agents", "netem", "dashboards")
+# Lower numbers are lower floors; a module may import its own floor or any floor below.
+LAYERS = (
+    (0, ("testbed.core",)),
+    (1, ("agents", "netem")),
+    (2, ("testbed.config", "testbed.runlog", "testbed.predict", "testbed.summarize", "testbed.spec_summary",
+         "testbed.collector", "testbed.launcher", "testbed.scenarios")),
+    (3, ("dashboards",)),
+    (4, ("testbed",)),  # the top: api, cli, bench, sweep, report
+)
+SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
+
+
+def layer_of(module: str) -> int:
+    best = max((prefix for _, prefixes in LAYERS for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), key=len)
+    return next(level for level, prefixes in LAYERS if best in prefixes)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every project module `path` imports, at the top or inside a function (resolved to the longest known name)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name.split(".")[0] in PACKAGES:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    graph = {}
+    for name, path in modules.items():
+        # a package's __init__ is imported implicitly with every submodule: those edges are not layering
+        graph[name] = {m for m in imports_of(path, modules) if m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def test_imports_point_down_only():
+    upward = []
+    for module, targets in import_graph().items():
+        for target in targets:
+            if target == "testbed" and module.startswith("testbed."):
+                continue
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} (floor {layer_of(module)}) imports {target} (floor {layer_of(target)})")
+            if (module.split(".")[0], target.split(".")[0]) in SIDEWAYS_FORBIDDEN:
+                upward.append(f"{module} imports {target} across floor 1")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not cycles, cycles
+
+
+def test_the_ground_floor_imports_nothing_heavy():
+    code = ("import sys, testbed.core, testbed.core.errors, testbed.core.clock, testbed.core.physics, "
+            "testbed.core.records, testbed.core.channel, testbed.core.decode, testbed.core.summary; "
+            "print(sorted(m for m in ('testbed.launcher', 'testbed.cli', 'torch', 'rich', 'agents', 'netem') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.launcher") \
+        < layer_of("dashboards.live") < layer_of("testbed.cli")
+    fake = tmp_path / "m.py"
+    fake.write_text("def f():\n    from testbed.launcher import Launcher\n")
+    assert imports_of(fake, project_modules()) == {"testbed.launcher"}
+
+
+def test_every_module_says_what_it_is_for_and_stays_small():
+    too_long, undocumented = [], []
+    for name, path in project_modules().items():
+        tree = ast.parse(path.read_text())
+        if not ast.get_docstring(tree):
+            undocumented.append(name)
+        lines = len(path.read_text().splitlines())
+        if lines > 400 and name != "agents.model":  # the model reads best as one file (nanoGPT style)
+            too_long.append(f"{name}: {lines} lines")
+    assert not undocumented, undocumented
+    assert not too_long, too_long

@@ -1,0 +1,39 @@
+"""The decode-mode seam: a new mode is one module plus one registry line, and the whole testbed picks it up."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.ringutil import ring_scenario, run
+from testbed.collector import RunCollector
+from testbed.core import decode
+from testbed.core.decode import ModeInfo
+from testbed.core.errors import ConfigError
+from testbed.runlog import RunLog
+
+ECHO = ModeInfo("echo", "tests.echo_mode:EchoMode", metric_kind="echo")
+PROMPT = "def echo(x):\n    return x\n"
+
+
+@pytest.fixture
+def echo_registered(monkeypatch):
+    monkeypatch.setitem(decode.MODES, "echo", ECHO)  # the one registry line
+
+
+def test_an_unknown_mode_is_a_config_error_naming_the_choices():
+    with pytest.raises(ConfigError, match="decode.mode: expected one of plain, speculative"):
+        ring_scenario([1.0, 1.0], mode="echo")
+
+
+@pytest.mark.slow
+def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(echo_registered):
+    scenario = ring_scenario([2.0, 2.0, 2.0], compute_ms=3.0, tokens=len(PROMPT), mode="echo", prompt=PROMPT)
+    summary = run(scenario)
+    assert summary.mode == "echo" and summary.text == PROMPT  # the ring carried every byte back in order
+    assert summary.tokens == summary.laps == len(PROMPT)
+    assert summary.measured_tok_s == pytest.approx(1 / (scenario.emulated_compute_s + scenario.t_ring_s), rel=0.25)
+    log = RunLog(scenario)
+    registry = CollectorRegistry()
+    registry.register(RunCollector(lambda: [log]))
+    assert registry.get_sample_value("testbed_laps_total", {"kind": "echo"}) == 0
