@@ -1,62 +1,37 @@
-"""The live dashboard renders a snapshot into a capture console: content, fit, and the refresh loop."""
+"""The live dashboard renders recorded RunSummary objects into a capture console: content, fit, the refresh loop."""
 
 from __future__ import annotations
 
-import copy
+import functools
 import io
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import trio
 from rich.console import Console
 
 from dashboards.live import LINE_MIN_INTERVAL_S, MEASURED_MARK, render, render_line, render_summary, run_dashboard
+from testbed.core.summary import RunSummary
 
-PLAIN_SNAPSHOT = {
-    "scenario": "geo-ring", "shaper": "userspace", "shaper_reason": "no CAP_NET_ADMIN", "phase": "plain",
-    "stages": 3, "stage_names": ["hong-kong", "dublin", "new-york"],
-    "hops_ms": [130.0, 40.0, 110.0],
-    "tokens": 48, "laps": 48, "wall_s": 15.1,
-    "compute_s": 0.0331, "compute_real_s": 0.0012,
-    "per_stage": [
-        {"stage": 0, "name": "hong-kong", "emulated_ms": 11.0, "compute_ms_mean": 11.02, "real_ms_mean": 0.4},
-        {"stage": 1, "name": "dublin", "emulated_ms": 11.0, "compute_ms_mean": 11.05, "real_ms_mean": 0.41},
-        {"stage": 2, "name": "new-york", "emulated_ms": 11.0, "compute_ms_mean": 11.03, "real_ms_mean": 0.42},
-    ],
-    "t_ring_s": 0.28, "t_ring_measured_s": 0.2806,
-    "measured_tok_s": 3.19, "predicted_tok_s": 3.195, "error_pct": -0.2,
-    "per_hop": [
-        {"hop": "0->1", "configured_ms": 130.0, "measured_ms_p50": 130.2, "measured_ms_p99": 130.4, "bytes_per_lap": 560},
-        {"hop": "1->2", "configured_ms": 40.0, "measured_ms_p50": 40.3, "measured_ms_p99": 40.6, "bytes_per_lap": 560},
-        {"hop": "2->0", "configured_ms": 110.0, "measured_ms_p50": 110.1, "measured_ms_p99": 110.7, "bytes_per_lap": 560},
-    ],
-    "overhead_ms_per_hop": 0.21,
-    "mode": "plain",
-    "spec": None,
-    "history": [[0.5 * i, 3.0 + 0.05 * (i % 5)] for i in range(40)],
-    "metrics_url": "http://127.0.0.1:9464/metrics",
-}
-
-SPEC_SNAPSHOT = {
-    **copy.deepcopy(PLAIN_SNAPSHOT),
-    "phase": "speculative", "mode": "speculative",
-    "measured_tok_s": 8.61, "predicted_tok_s": 8.9, "error_pct": -3.3,
-    "spec": {"k": 8, "k_auto": True, "draft": "trained", "rounds": 10, "alpha": 0.71,
-             "gamma_measured": 3.1, "gamma_predicted": 3.2, "draft_s": 0.04, "round_s": 0.36,
-             "predicted_tok_s": 8.9, "k_star": 8},
-}
-
-EARLY_SNAPSHOT = {
-    "scenario": "geo-ring", "shaper": "userspace", "shaper_reason": None, "phase": "plain", "stages": 3,
-    "stage_names": ["hong-kong", "dublin", "new-york"], "hops_ms": [130.0, 40.0, 110.0], "tokens": 0, "laps": 0,
-    "wall_s": None, "compute_s": None, "compute_real_s": None, "per_stage": [], "t_ring_s": 0.28,
-    "t_ring_measured_s": None, "measured_tok_s": None, "predicted_tok_s": None, "error_pct": None, "per_hop": [],
-    "overhead_ms_per_hop": None, "mode": "plain", "spec": None, "history": [], "metrics_url": None,
-}
+DATA = Path(__file__).resolve().parent / "data"
+PLAIN = RunSummary.from_json((DATA / "summary-plain.json").read_text(encoding="utf-8"))
+SPEC = RunSummary.from_json((DATA / "summary-speculative.json").read_text(encoding="utf-8"))
+# Before the first decode lap: the ring is known, nothing is measured.
+EARLY = replace(
+    PLAIN, tokens=0, laps=0, wall_s=0.0, compute_s=None, compute_real_s=None, t_ring_measured_s=None,
+    measured_tok_s=None, predicted_tok_s=None, error_pct=None, lap_residual_ms=None, overhead_ms_per_hop=None,
+    per_hop=tuple(replace(h, measured_ms_p50=None, measured_ms_p99=None, bytes_per_lap=None) for h in PLAIN.per_hop),
+    per_stage=tuple(replace(s, compute_ms_mean=None, real_ms_mean=None) for s in PLAIN.per_stage),
+    ttft=None, history=(), text="", token_ids=(), generated_tokens=None)
+WIDE = (160, 48)
 
 
-def capture(snapshot: dict, width: int, height: int) -> list[str]:
+def capture(summary: RunSummary | None, width: int, height: int) -> list[str]:
     console = Console(record=True, width=width, height=height, file=io.StringIO())
-    console.print(render(snapshot, width, height))
+    console.print(render(summary, width, height))
     return console.export_text().rstrip("\n").split("\n")
 
 
@@ -66,140 +41,175 @@ def assert_fits(lines: list[str], width: int, height: int) -> None:
     assert not too_wide, too_wide
 
 
-def test_plain_snapshot_at_80x24_shows_everything_and_fits():
-    lines = capture(PLAIN_SNAPSHOT, 80, 24)
+def test_recordings_are_what_the_tests_assume():
+    assert PLAIN.mode == "plain" and PLAIN.spec is None and PLAIN.laps > 0 and len(PLAIN.history) > 1
+    assert SPEC.is_speculative and SPEC.spec is not None and SPEC.spec.k == 4
+    assert SPEC.predicted_tok_s == SPEC.spec.predicted_tok_s  # in speculative mode the headline is r_spec
+
+
+def test_plain_summary_at_80x24_shows_everything_and_fits():
+    lines = capture(PLAIN, 80, 24)
     text = "\n".join(lines)
     assert_fits(lines, 80, 24)
-    assert "geo-ring" in text and "userspace" in text and "no CAP_NET_ADMIN" in text
-    assert "3 stages" in text and "hong-kong→dublin→new-york" in text
-    assert "T_ring 280.0 ms" in text and "C 33.1 ms" in text
-    assert "3.19 tok/s measured" in text and "3.19 predicted" in text and "error -0.2%" in text
-    for hop, cells in (("0->1", "130.0  130.2  130.4"), ("1->2", "40.0   40.3   40.6"), ("2->0", "110.0  110.1  110.7")):
-        row = next(line for line in lines if line.startswith(hop))
-        assert cells in row and "560" in row
-    for name, measured in (("hong-kong", "11.02"), ("dublin", "11.05"), ("new-york", "11.03")):
-        assert any(name in line and measured in line for line in lines), name
-    assert "spec" not in text.split("\n")[3]  # no speculation line in the plain phase
+    assert PLAIN.scenario in lines[0] and PLAIN.shaper in lines[0] and f"phase {PLAIN.phase}" in lines[0]
+    assert f"{PLAIN.stages} stages" in lines[1] and "→".join(PLAIN.stage_names) in lines[1]
+    assert f"T_ring {PLAIN.t_ring_s * 1e3:.1f} ms" in lines[1] and f"C {PLAIN.compute_s * 1e3:.1f} ms" in lines[1]
+    assert lines[2].startswith(f"decode {PLAIN.measured_tok_s:.2f} tok/s measured  {PLAIN.predicted_tok_s:.2f} "
+                               f"predicted  error {PLAIN.error_pct:+.1f}%")
+    assert f"{PLAIN.tokens} tok {PLAIN.laps} laps" in lines[2]
+    for hop in PLAIN.per_hop:
+        row = next(line for line in lines if line.startswith(hop.hop + " "))
+        assert re.search(rf"{hop.configured_ms:.1f} +{hop.measured_ms_p50:.1f} +{hop.measured_ms_p99:.1f} "
+                         rf"+{hop.bytes_per_lap}\b", row), row
+    for stage in PLAIN.per_stage:
+        assert any(f"{stage.stage} {stage.name}"[:12] in line and f"{stage.compute_ms_mean:.2f}" in line
+                   for line in lines), stage
+    assert not any(line.startswith("spec ") for line in lines)  # no speculation line in the plain phase
     assert MEASURED_MARK in text and "0.1" in lines[-2] and "1000" in lines[-2]  # the wall plot and its axis
-    assert lines[-1].startswith("rate ") and "now 3.20 tok/s" in lines[-1]
+    assert lines[-1].startswith("rate ") and f"now {PLAIN.history[-1][1]:.2f} tok/s" in lines[-1]
 
 
-def test_spec_snapshot_shows_k_alpha_gamma_and_r_spec():
-    text = "\n".join(capture(SPEC_SNAPSHOT, 80, 24))
-    assert "phase speculative" in text
-    assert "K=8" in text and "K*=8" in text and "auto" in text
-    assert "α 0.71" in text
-    assert "Γ 3.10/3.20" in text
-    assert "r_spec 8.61/8.90" in text and "-3.3%" in text
-    assert "8.61 tok/s measured" in text and "8.90 predicted" in text
+def test_spec_summary_shows_k_alpha_gamma_and_r_spec():
+    spec = SPEC.spec
+    lines = capture(SPEC, 80, 24)
+    assert f"phase {SPEC.phase}" in lines[0]
+    line = next(line for line in lines if line.startswith("spec "))
+    assert f"K={spec.k:g}" in line and f"K*={spec.k_star}" in line
+    assert f"α {spec.alpha:.2f}" in line and f"Γ {spec.gamma_measured:.2f}/{spec.gamma_predicted:.2f}" in line
+    assert f"r_spec {SPEC.measured_tok_s:.2f}/{SPEC.predicted_tok_s:.2f} {SPEC.error_pct:+.1f}%" in line
+
+
+def test_predictions_are_read_from_the_summary_not_recomputed():
+    odd = replace(SPEC, predicted_tok_s=12.34, error_pct=-42.0,
+                  spec=replace(SPEC.spec, gamma_predicted=5.67, plain_predicted_tok_s=0.5, predicted_tok_s=12.34))
+    narrow, wide = "\n".join(capture(odd, 80, 24)), "\n".join(capture(odd, *WIDE))
+    assert "12.34 predicted  error -42.0%" in narrow and "Γ " in narrow and "/5.67" in narrow
+    assert f"= {odd.measured_tok_s / 0.5:.1f}× the wall" in wide and "= 0.50 tok/s" in wide
+    assert "predicted=12.34tok/s" in render_line(odd) and "gamma=" in render_line(odd)
 
 
 def test_wide_terminal_uses_more_space_and_detail():
-    small = capture(SPEC_SNAPSHOT, 80, 24)
-    lines = capture(SPEC_SNAPSHOT, 160, 48)
+    spec = SPEC.spec
+    small = capture(SPEC, 80, 24)
+    lines = capture(SPEC, *WIDE)
     text = "\n".join(lines)
-    assert_fits(lines, 160, 48)
+    assert_fits(lines, *WIDE)
     assert len(lines) > len(small)
-    assert "hong-kong→dublin" in text and "new-york→hong-kong" in text  # link names in the hop table
-    assert "1/(33.1 + 280.0 ms) = 3.19 tok/s" in text  # the wall evaluated
-    assert "overhead 0.21 ms/hop" in text
-    assert "Γ 3.10 (pred 3.20)" in text and "2.7× the wall" in text
-    assert "share of C" in text
+    names = SPEC.stage_names
+    assert f"{names[0]}→{names[1]}" in text and f"{names[-1]}→{names[0]}" in text  # link names in the hop table
+    assert (f"1/({spec.verify_compute_s * 1e3:.1f} + {SPEC.t_ring_s * 1e3:.1f} ms) = "
+            f"{spec.plain_predicted_tok_s:.2f} tok/s") in text  # the summarizer's wall, evaluated
+    assert f"overhead {SPEC.overhead_ms_per_hop:.2f} ms/hop" in text
+    widest = "\n".join(capture(SPEC, 240, 48))  # the rate line's last detail
+    assert f"TTFT {SPEC.ttft.measured_s * 1e3:.0f} ms (pred {SPEC.ttft.predicted_s * 1e3:.0f})" in widest
+    assert f"Γ {spec.gamma_measured:.2f} (pred {spec.gamma_predicted:.2f})" in text
+    assert f"{SPEC.measured_tok_s / spec.plain_predicted_tok_s:.1f}× the wall" in text
+    assert "share of C" in text and f"{spec.draft} draft" in text
 
 
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (80, 14), (60, 20), (50, 12), (40, 6), (200, 60)])
-@pytest.mark.parametrize("snapshot", [PLAIN_SNAPSHOT, SPEC_SNAPSHOT, EARLY_SNAPSHOT, {}])
-def test_every_size_fits_and_keeps_the_rate(snapshot, width, height):
-    lines = capture(snapshot, width, height)
+@pytest.mark.parametrize("summary", [PLAIN, SPEC, EARLY, None], ids=["plain", "spec", "early", "none"])
+def test_every_size_fits_and_keeps_the_rate(summary, width, height):
+    lines = capture(summary, width, height)
     assert_fits(lines, width, height)
-    text = "\n".join(lines)
-    assert "decode" in text
-    if snapshot:
-        assert "geo-ring" in text
+    assert any(line.startswith("decode ") for line in lines)
+    assert (summary.scenario if summary is not None else " ? ") in lines[0]
 
 
 def test_small_terminal_drops_the_plot_before_the_tables():
-    text = "\n".join(capture(PLAIN_SNAPSHOT, 80, 14))
+    text = "\n".join(capture(PLAIN, 80, 14))
     assert "wall r = 1/(C + T_ring)" not in text
-    assert "0->1" in text and "hong-kong" in text
+    assert PLAIN.per_hop[0].hop in text and PLAIN.per_stage[0].name in text
 
 
-def test_early_snapshot_shows_placeholders():
-    text = "\n".join(capture(EARLY_SNAPSHOT, 80, 24))
-    assert "decode – tok/s measured" in text
-    assert "waiting for the first laps" in text
-    assert "no history yet" in text
+def test_early_summary_shows_placeholders():
+    lines = capture(EARLY, 80, 24)
+    text = "\n".join(lines)
+    assert "decode – tok/s measured  – predicted  error –%" in text
+    assert re.search(rf"^{re.escape(EARLY.per_hop[0].hop)} +{EARLY.per_hop[0].configured_ms:.1f} +– +– +–",
+                     text, re.MULTILINE), text
+    assert "waiting for the first laps" in text and "no history yet" in text
+
+
+def test_no_summary_yet_shows_placeholders():
+    text = "\n".join(capture(None, 80, 24))
+    assert "phase starting" in text and "decode – tok/s measured" in text and "waiting for the first laps" in text
 
 
 def test_render_line_is_one_plain_line():
-    line = render_line(SPEC_SNAPSHOT)
+    spec = SPEC.spec
+    line = render_line(SPEC)
     assert "\n" not in line and line.isascii()
-    for part in ("geo-ring", "phase=speculative", "shaper=userspace", "stages=3", "T_ring=280.0ms", "C=33.1ms",
-                 "laps=48", "rate=8.61tok/s", "predicted=8.90tok/s", "error=-3.3%", "K=8", "alpha=0.71",
-                 "gamma=3.10/3.20"):
+    for part in (SPEC.scenario, f"phase={SPEC.phase}", f"shaper={SPEC.shaper}", f"stages={SPEC.stages}",
+                 f"T_ring={SPEC.t_ring_s * 1e3:.1f}ms", f"C={SPEC.compute_s * 1e3:.1f}ms", f"laps={SPEC.laps}",
+                 f"rate={SPEC.measured_tok_s:.2f}tok/s", f"predicted={SPEC.predicted_tok_s:.2f}tok/s",
+                 f"error={SPEC.error_pct:+.1f}%", f"K={spec.k:g}", f"alpha={spec.alpha:.2f}",
+                 f"gamma={spec.gamma_measured:.2f}/{spec.gamma_predicted:.2f}"):
         assert part in line, part
-    assert "rate=-tok/s" in render_line(EARLY_SNAPSHOT)
-    assert render_line({}).startswith("?")
+    assert "rate=-tok/s" in render_line(EARLY)
+    assert render_line(None).startswith("?")
 
 
 def test_render_summary_has_one_row_per_phase():
     console = Console(record=True, width=80, file=io.StringIO())
-    console.print(render_summary([PLAIN_SNAPSHOT, SPEC_SNAPSHOT]))
+    console.print(render_summary([PLAIN, SPEC]))
     lines = console.export_text().split("\n")
     assert_fits(lines, 80, 100)
     plain = next(line for line in lines if line.strip().startswith("plain"))
-    spec = next(line for line in lines if line.strip().startswith("spec"))
-    assert "280.0" in plain and "33.1" in plain and "3.19" in plain and "-0.2" in plain
-    assert "8.61" in spec and "8.90" in spec and "0.71" in spec and "3.10" in spec and "3.20" in spec
-    assert "shaper userspace" in lines[0]
+    spec_row = next(line for line in lines if line.strip().startswith("spec"))
+    for summary, row in ((PLAIN, plain), (SPEC, spec_row)):
+        cells = [f"{summary.t_ring_s * 1e3:.1f}", f"{summary.compute_s * 1e3:.1f}", str(summary.laps),
+                 f"{summary.measured_tok_s:.2f}", f"{summary.predicted_tok_s:.2f}", f"{summary.error_pct:+.1f}"]
+        assert re.search(" +".join(map(re.escape, cells)), row), (cells, row)
+    spec = SPEC.spec
+    assert re.search(rf"{spec.k:g} +{spec.alpha:.2f} +{spec.gamma_measured:.2f} +{spec.gamma_predicted:.2f}$",
+                     spec_row.rstrip()), spec_row
+    assert plain.rstrip().endswith("–")  # no speculation columns for the plain phase
+    assert f"shaper {PLAIN.shaper}" in lines[0]
 
 
-class SnapshotSource:
-    """get_snapshot for run_dashboard, counting calls and signalling after `wanted` of them."""
+class SummarySource:
+    """get_summary for run_dashboard: a distinct summary per call (laps = FIRST_LAPS, FIRST_LAPS + 1, ...)."""
 
-    def __init__(self, snapshot: dict, wanted: int) -> None:
-        self.snapshot = snapshot
-        self.calls = 0
-        self.wanted = wanted
-        self.enough = trio.Event()
+    FIRST_LAPS = 1001
 
-    def __call__(self) -> dict:
-        self.calls += 1
-        if self.calls >= self.wanted:
-            self.enough.set()
-        return self.snapshot
+    def __init__(self, base: RunSummary) -> None:
+        self.base = base
+        self.returned: list[RunSummary] = []
+
+    def __call__(self) -> RunSummary:
+        summary = replace(self.base, laps=self.FIRST_LAPS + len(self.returned))
+        self.returned.append(summary)
+        return summary
 
 
-async def test_run_dashboard_prints_status_lines_on_a_non_terminal():
+async def run_for(source: SummarySource, console: Console, interval_s: float, seconds: float) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(run_dashboard, source, console=console, interval_s=interval_s))
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+
+
+async def test_run_dashboard_prints_rate_limited_status_lines_on_a_non_terminal(autojump_clock):
     out = io.StringIO()
     console = Console(file=out, width=100)
-    assert not console.is_terminal
-    source = SnapshotSource(PLAIN_SNAPSHOT, wanted=1)
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_dashboard(source, console=console, interval_s=0.05,
-                                                                  task_status=task_status))
-            await source.enough.wait()
-            await trio.sleep(0.3)  # far more than interval_s: lines are still rate-limited
-            nursery.cancel_scope.cancel()
+    source = SummarySource(PLAIN)
+    seconds = 2.5 * LINE_MIN_INTERVAL_S
+    await run_for(source, console, interval_s=0.05, seconds=seconds)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2, lines  # the first line, then the final one on cancellation (not one per 50 ms)
-    assert LINE_MIN_INTERVAL_S > 0.3
-    assert all(line == render_line(PLAIN_SNAPSHOT) for line in lines)
+    assert lines == [render_line(summary) for summary in source.returned]  # one line per summary, in order
+    # at 0, LINE_MIN_INTERVAL_S and twice that (not one per 50 ms), then the final line on cancellation
+    assert len(lines) == math.floor(seconds / LINE_MIN_INTERVAL_S) + 2
 
 
-async def test_run_dashboard_refreshes_a_terminal():
+async def test_run_dashboard_draws_every_summary_on_a_terminal(autojump_clock):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=100, height=30, color_system=None)
-    assert console.is_terminal
-    source = SnapshotSource(SPEC_SNAPSHOT, wanted=3)
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: run_dashboard(source, console=console, interval_s=0.05,
-                                                                  task_status=task_status))
-            await source.enough.wait()
-            nursery.cancel_scope.cancel()
-    assert source.calls >= 4  # three loop frames and the final one
-    frames = out.getvalue()
-    assert frames.count("8.61 tok/s measured") >= 3, frames[-2000:]
-    assert frames.count("0->1") >= 3
+    source = SummarySource(SPEC)
+    interval_s, seconds = 0.25, 1.1
+    await run_for(source, console, interval_s=interval_s, seconds=seconds)
+    assert len(source.returned) == math.floor(seconds / interval_s) + 2  # every interval, and the final frame
+    frames = [int(laps) for laps in re.findall(r"(\d+) laps", out.getvalue())]
+    distinct = [laps for i, laps in enumerate(frames) if i == 0 or laps != frames[i - 1]]
+    assert distinct == [summary.laps for summary in source.returned]  # each summary drawn, in order
+    assert len(frames) <= len(source.returned) + 1  # no refresh thread: only Live.stop redraws the last frame

@@ -123,3 +123,14 @@ class RunSummary(JsonRecord):
     token_ids: tuple[int, ...] = ()
     generated_tokens: int | None = None
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.mode == "speculative"
+
+    @property
+    def wall_predicted_tok_s(self) -> float | None:
+        """The plain wall 1/(C + T_ring) as the summarizer predicted it, in either mode (None until known)."""
+        if self.spec is not None:
+            return self.spec.plain_predicted_tok_s
+        return None if self.is_speculative else self.predicted_tok_s
