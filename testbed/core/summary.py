@@ -62,26 +62,26 @@ class SpecRates(JsonRecord):
     predicted_tok_s_from_alpha: float  # Gamma(alpha_hat, K) / (K c_d + C + T_ring)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # keyword-only: a missing field is an error, never a silent default
 class PerKRow(SpecRates):
-    k: int = 0
-    formula_tok_s: float = 0.0  # Gamma(alpha_hat, K) / (K c_d + C + T_ring) with the run's c_d and C
+    k: int
+    formula_tok_s: float  # Gamma(alpha_hat, K) / (K c_d + C + T_ring) with the run's c_d and C
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecSummary(SpecRates):
-    k: float = 0.0  # the K of every round, or their mean when K varied (auto, sweep)
-    k_last: int = 0
-    k_auto: bool = False
-    draft: str = ""
-    drafted: int = 0
-    accepted: int = 0
-    alpha: float = 0.0  # estimated: mean of sum_x min(p, q) over drafted positions
-    alpha_dialled: float | None = None  # the calibrated draft's setting
-    acceptance_per_position: tuple[float, ...] = ()
-    k_star: int = 0
-    k_star_tok_s: float = 0.0
-    plain_predicted_tok_s: float = 0.0
+    k: float  # the K of every round, or their mean when K varied (auto, sweep)
+    k_last: int
+    k_auto: bool
+    draft: str
+    drafted: int
+    accepted: int
+    alpha: float  # estimated: mean of sum_x min(p, q) over drafted positions
+    alpha_dialled: float | None  # the calibrated draft's setting
+    acceptance_per_position: tuple[float, ...]
+    k_star: int  # argmax of Gamma(alpha_hat, K) / (K c_d + C + T_ring) over 1..max(k_max, largest K run)
+    k_star_tok_s: float
+    plain_predicted_tok_s: float  # 1 / (C + T_ring) with C = verify_compute_s
     per_k: tuple[PerKRow, ...] | None = None  # a K sweep
     k_star_measured: int | None = None
     k_star_predicted: int | None = None
