@@ -243,11 +243,11 @@ def new_run_id() -> str:
 async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, stats: RunStats | None = None,
                        log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> dict:
     """Convenience: choose the shaper and run one scenario (used by tests and the benchmark)."""
+    from netem.base import ShaperOptions
     from netem.select import choose_shaper
 
-    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
-    if hasattr(shaper, "rto_ms"):
-        shaper.rto_ms = scenario.loss_rto_ms
+    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id(),
+                           options=ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
     stats = stats or RunStats(scenario)
     launcher = Launcher(scenario, shaper, stats, log=log, echo_agent_stderr=echo_agent_stderr)
     return await launcher.run()
