@@ -3,8 +3,30 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
+from testbed.core.errors import ShapingError
 from testbed.core.records import Address, LinkSpec
+
+DEFAULT_LOSS_RTO_MS = 200.0  # Linux's minimum TCP retransmission timeout (TCP_RTO_MIN)
+
+
+@dataclass(frozen=True)
+class ShaperOptions:
+    """Settings every backend is built with; a backend ignores what its medium decides for itself.
+
+    loss_rto_ms: what a lost chunk costs on the userspace relay (it is delivered this much later, as
+    TCP would after a retransmission timeout). Kernel netem drops real packets and the kernel's own
+    TCP retransmits them, so the kernel backend ignores it.
+    """
+
+    loss_rto_ms: float = DEFAULT_LOSS_RTO_MS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.loss_rto_ms, (int, float)) or isinstance(self.loss_rto_ms, bool) \
+                or not self.loss_rto_ms > 0:
+            raise ShapingError(f"ShaperOptions.loss_rto_ms must be a positive number of ms, got {self.loss_rto_ms!r}")
+
 
 class Shaper(abc.ABC):
     """A backend that places agents on an emulated network.
@@ -17,16 +39,21 @@ class Shaper(abc.ABC):
             ...agents start and report their bound (host, port)...
             peers  = await shaper.connect(listen)          # {(src, dst): address src dials to reach dst}
 
+    plan_lines() says what setup()/connect() would do, before and without doing it (no root needed).
     aclose() must remove everything the backend created, on every exit path, and be idempotent.
     """
 
     name: str = "abstract"
     reason: str = ""  # why this backend was chosen (printed by the launcher)
 
-    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str) -> None:
+    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
+                 options: ShaperOptions | None = None) -> None:
         self.links = list(links)
         self.n_stages = n_stages
         self.run_id = run_id
+        self.options = ShaperOptions() if options is None else options
+        if not isinstance(self.options, ShaperOptions):
+            raise ShapingError(f"options must be a ShaperOptions, got {type(self.options).__name__}")
 
     async def setup(self) -> None:
         """Create whatever must exist before agents start (namespaces, veths, qdiscs)."""
@@ -42,6 +69,10 @@ class Shaper(abc.ABC):
     @abc.abstractmethod
     async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
         """Given each agent's bound listener, return the address `src` dials to reach `dst` over the link."""
+
+    @abc.abstractmethod
+    def plan_lines(self) -> list[str]:
+        """What this backend would set up, one human-readable line per step (pure: no root, no kernel)."""
 
     @abc.abstractmethod
     async def aclose(self) -> None:

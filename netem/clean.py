@@ -12,69 +12,26 @@ its veths). Processes are left alone.
 
 from __future__ import annotations
 
-import errno
 import sys
 
-from netem.plan import PREFIX_ROOT, is_testbed_name
+from netem.plan import PREFIX_ROOT
 from testbed.core.errors import ShapingError
-
-
-def _link_names(ipr) -> list[tuple[int, str]]:
-    return [(msg["index"], msg.get_attr("IFLA_IFNAME")) for msg in ipr.get_links()]
-
-
-def _delete_links(ipr, prefix: str, where: str, removed: list[str], errors: list[str]) -> None:
-    for index, ifname in _link_names(ipr):
-        if not ifname or not is_testbed_name(ifname, prefix):
-            continue
-        try:
-            ipr.link("del", index=index)
-            removed.append(f"link {ifname}" + (f" (in {where})" if where else ""))
-        except Exception as exc:
-            # deleting one veth end takes its peer with it: ENODEV for the second end is fine
-            if getattr(exc, "code", None) != errno.ENODEV:
-                errors.append(f"link {ifname}: {exc}")
 
 
 def clean(prefix: str = PREFIX_ROOT) -> list[str]:
     """Remove every namespace and link whose name is a testbed name starting with `prefix`.
 
-    Returns what was removed, e.g. ["netns gr1a2b3-s0", "link gr1a2b3-0-1 (in gr1a2b3-s0)"].
+    Returns what was removed, e.g. ["link gr1a2b3-0-1 (in gr1a2b3-s0)", "netns gr1a2b3-s0"].
     Raises ShapingError when something matching could not be removed (after trying all of it).
+    The work is `netem.nsutil.teardown`, the same one every KernelShaper's aclose runs.
     """
     if not prefix.startswith(PREFIX_ROOT):
         raise ShapingError(f"clean prefix must start with {PREFIX_ROOT!r}, got {prefix!r}")
     try:
-        from pyroute2 import IPRoute, netns
+        from netem.nsutil import teardown
     except ImportError as exc:
         raise ShapingError(f"pyroute2 is needed to clean up netem leftovers: {exc}") from exc
-    removed: list[str] = []
-    errors: list[str] = []
-    try:
-        namespaces = [n for n in netns.listnetns() if is_testbed_name(n, prefix)]
-    except OSError as exc:
-        raise ShapingError(f"listing network namespaces: {exc}") from exc
-    for name in sorted(namespaces):
-        try:
-            with IPRoute(netns=name, flags=0) as ipr:
-                _delete_links(ipr, prefix, name, removed, errors)
-        except Exception:
-            pass  # a half-created namespace may not be enterable; unmounting it below removes it anyway
-        try:
-            netns.remove(name)
-            removed.append(f"netns {name}")
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            errors.append(f"netns {name}: {exc}")
-    try:
-        with IPRoute() as ipr:
-            _delete_links(ipr, prefix, "", removed, errors)
-    except Exception as exc:
-        errors.append(f"root namespace links: {exc}")
-    if errors:
-        raise ShapingError(f"clean removed {len(removed)} objects but failed on: " + "; ".join(errors))
-    return removed
+    return teardown(prefix)
 
 
 def main(argv: list[str] | None = None) -> int:

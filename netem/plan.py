@@ -71,7 +71,8 @@ ADDRESS_POOL = ipaddress.IPv4Network("10.201.0.0/16")  # exists only inside our 
 SUBNET_PREFIXLEN = 30
 
 ROOT_HANDLE = 0x10000  # 1:
-TC_H_ROOT = 0xFFFFFFFF
+TC_H_ROOT = 0xFFFFFFFF  # include/uapi/linux/pkt_sched.h
+U32_MAX = 0xFFFFFFFF  # netem's 32-bit fields (rate, loss fraction); larger rates go as TCA_NETEM_RATE64
 
 MTU_BYTES = 1500
 DEFAULT_LIMIT_PACKETS = 1000  # netem's own default
@@ -156,7 +157,7 @@ class NetemPlan:
         params: dict = {"delay": self.delay_us, "jitter": self.jitter_us, "loss": self.loss_pct,
                         "limit": self.limit_packets}
         if self.rate_bytes_s:
-            params["rate"] = min(self.rate_bytes_s, 0xFFFFFFFF)  # the rest goes as TCA_NETEM_RATE64
+            params["rate"] = min(self.rate_bytes_s, U32_MAX)  # the rest goes as TCA_NETEM_RATE64
         return params
 
 

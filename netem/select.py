@@ -1,8 +1,10 @@
 """Chooses the shaping backend: "netem" (kernel qdiscs), "userspace" (Trio relay) or "auto", and says why.
 
-    shaper = choose_shaper("auto", links, n_stages, run_id)
+    shaper = choose_shaper("auto", links, n_stages, run_id, options=ShaperOptions(loss_rto_ms=200.0))
     print(shaper.name, shaper.reason)
     # userspace  netem: sch_netem not available in this kernel (...); using userspace relay
+
+    backend, lines = plan_lines("auto", links, n_stages, run_id, ShaperOptions())  # applies nothing
 
 "auto" takes the kernel backend when the probe finds CAP_NET_ADMIN, network namespaces, veth and
 sch_netem, and the userspace relay otherwise; "netem" insists and raises ShapingError naming the
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from netem.base import Shaper
-from testbed.core.records import LinkSpec
+from netem.base import Shaper, ShaperOptions
 from netem.probe import Capabilities, probe
 from testbed.core.errors import ShapingError
+from testbed.core.records import LinkSpec
 
 KINDS = ("auto", "netem", "userspace")
 
@@ -33,31 +35,33 @@ def _missing_reason(caps: Capabilities) -> str:
     return f"{what} ({caps.detail})"
 
 
-def _kernel(links: list[LinkSpec], n_stages: int, run_id: str, reason: str) -> Shaper:
+def _kernel(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, options: ShaperOptions) -> Shaper:
     from netem.kernel import KernelShaper
 
-    shaper = KernelShaper(links, n_stages, run_id)
+    shaper = KernelShaper(links, n_stages, run_id, options)
     shaper.reason = reason
     return shaper
 
 
-def _userspace(links: list[LinkSpec], n_stages: int, run_id: str, reason: str) -> Shaper:
+def _userspace(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, options: ShaperOptions) -> Shaper:
     try:
         from netem.userspace import UserspaceShaper
     except ImportError as exc:
         raise ShapingError(f"the userspace backend (netem.userspace) cannot be imported: {exc}") from exc
-    shaper = UserspaceShaper(links, n_stages, run_id)
+    shaper = UserspaceShaper(links, n_stages, run_id, options)
     shaper.reason = reason
     return shaper
 
 
 def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, *,
+                  options: ShaperOptions | None = None,
                   probe_fn: Callable[[], Capabilities] = probe) -> Shaper:
-    """The backend for `kind` in KINDS, with `.reason` saying which one and why."""
+    """The backend for `kind` in KINDS, built with `options`, with `.reason` saying which one and why."""
+    options = ShaperOptions() if options is None else options
     if kind not in KINDS:
         raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(KINDS)}")
     if kind == "userspace":
-        return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)")
+        return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)", options)
     caps = probe_fn()
     if kind == "netem":
         if not caps.netem_ready:
@@ -65,7 +69,28 @@ def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, 
                                "run as root on a kernel with sch_netem, inside user-mode-linux "
                                "(python -m netem.uml -- ...), or use --shaper userspace")
         return _kernel(links, n_stages, run_id, "netem: requested (--shaper netem); root, netns, veth and "
-                                                "sch_netem available")
+                                                "sch_netem available", options)
     if caps.netem_ready:
-        return _kernel(links, n_stages, run_id, "netem: auto; root, netns, veth and sch_netem available")
-    return _userspace(links, n_stages, run_id, f"netem: {_missing_reason(caps)}; using userspace relay")
+        return _kernel(links, n_stages, run_id, "netem: auto; root, netns, veth and sch_netem available", options)
+    return _userspace(links, n_stages, run_id, f"netem: {_missing_reason(caps)}; using userspace relay", options)
+
+
+def plan_lines(kind: str, links: list[LinkSpec], n_stages: int, run_id: str,
+               options: ShaperOptions | None = None, *,
+               probe_fn: Callable[[], Capabilities] = probe) -> tuple[str, list[str]]:
+    """(backend name, what it would set up) for `kind`, applying nothing (no root needed).
+
+    The backend is resolved exactly as choose_shaper resolves it ("auto" runs the same probe), and
+    the first line is a comment that says which backend and why; the rest are the backend's own
+    plan_lines(): ip/ethtool/tc commands for netem, one timing line per directed link for the relay.
+    Unlike choose_shaper, "netem" plans even where it could not run (the comment then says why not).
+    """
+    if kind == "netem":
+        caps = probe_fn()
+        where = ("root, netns, veth and sch_netem available" if caps.netem_ready
+                 else f"could not run here: {_missing_reason(caps)}")
+        shaper = _kernel(links, n_stages, run_id, f"netem: requested (--shaper netem); {where}",
+                         ShaperOptions() if options is None else options)
+    else:
+        shaper = choose_shaper(kind, links, n_stages, run_id, options=options, probe_fn=probe_fn)
+    return shaper.name, [f"# backend {shaper.name}: {shaper.reason}", *shaper.plan_lines()]

@@ -19,7 +19,6 @@ timers are up to ~1.3 ms late here), then forwards the chunk.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -34,17 +33,19 @@ from typing import Awaitable, Callable
 
 import trio
 
-from netem.base import Shaper
-from testbed.core.records import Address, LinkSpec
+from netem.base import DEFAULT_LOSS_RTO_MS, Shaper, ShaperOptions
 from testbed.core import clock
+from testbed.core.channel import LineReader, encode_line
 from testbed.core.errors import ShapingError
+from testbed.core.records import Address, LinkSpec
 
 RELAY_CHUNK = 256 * 1024
 QUEUE_CHUNKS = 1024  # chunks in flight per link before the relay stops reading (TCP backpressure)
 CONNECT_TIMEOUT_S = 10.0
 STARTUP_TIMEOUT_S = 20.0
 STOP_GRACE_S = 1.0
-DEFAULT_RTO_MS = 200.0
+DEFAULT_RTO_MS = DEFAULT_LOSS_RTO_MS
+RELAY_MTU_BYTES = 1500  # only to put the serialization time of a rate in words (plan lines)
 
 
 @dataclass
@@ -201,7 +202,7 @@ async def serve_link(link: LinkSpec, target: Address, rto_ms: float, *,
             await trio.aclose_forcefully(upstream)
             return
         for stream in (upstream, downstream):
-            stream.setsockopt(6, 1, 1)  # TCP_NODELAY: frames must not wait for Nagle
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
         await relay(upstream, downstream, LinkTiming.from_spec(link, rto_ms))
 
     async with trio.open_nursery() as nursery:
@@ -212,65 +213,62 @@ async def serve_link(link: LinkSpec, target: Address, rto_ms: float, *,
 async def relay_process_main() -> None:
     """Relay process: one JSON request on stdin, one JSON answer on stdout, then serve until stdin closes."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
-    line = b""
+    lines = LineReader(stdin)
     with trio.fail_after(STARTUP_TIMEOUT_S):
-        while not line.endswith(b"\n"):
-            chunk = await stdin.receive_some(65536)
-            if not chunk:
-                return
-            line += chunk
-    request = json.loads(line)
-    rto_ms = float(request.get("rto_ms", DEFAULT_RTO_MS))
+        request = await lines.receive_json()
+    if request is None:
+        return
+    rto_ms = float(request["rto_ms"])
     async with trio.open_nursery() as nursery:
         ports = {}
         for item in request["links"]:
             link = LinkSpec(**item["link"])
             ports[link.name] = await nursery.start(serve_link, link, tuple(item["target"]), rto_ms)
-        sys.stdout.write(json.dumps({"ports": ports}) + "\n")
+        sys.stdout.buffer.write(encode_line({"ports": ports}))
         sys.stdout.flush()
         # The launcher closes our stdin (or dies) when the run ends.
-        while await stdin.receive_some(65536):
+        while await lines.receive_line() is not None:
             pass
         nursery.cancel_scope.cancel()
 
 
 class UserspaceShaper(Shaper):
-    """Shapes every directed link with a relay in one supervised child process."""
+    """Shapes every directed link with a relay in one supervised child process.
+
+    options.loss_rto_ms is what a lost chunk costs here (see the module docstring).
+    """
 
     name = "userspace"
 
-    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str, rto_ms: float = DEFAULT_RTO_MS) -> None:
-        super().__init__(links, n_stages, run_id)
-        self.rto_ms = rto_ms
+    def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
+                 options: ShaperOptions | None = None) -> None:
+        super().__init__(links, n_stages, run_id, options)
         self.reason = self.reason or "userspace relay requested"
         self._process: trio.Process | None = None
 
     async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
         if not self.links:
             return {}
-        request = {"rto_ms": self.rto_ms,
+        request = {"rto_ms": self.options.loss_rto_ms,
                    "links": [{"link": vars(link), "target": list(listen[link.dst])} for link in self.links]}
         self._process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             process_group=0)  # own process group: Ctrl-C reaches the launcher only, which stops us
         assert self._process.stdin is not None and self._process.stdout is not None
-        await self._process.stdin.send_all(json.dumps(request).encode() + b"\n")
-        answer = b""
+        await self._process.stdin.send_all(encode_line(request))
         try:
             with trio.fail_after(STARTUP_TIMEOUT_S):
-                while not answer.endswith(b"\n"):
-                    chunk = await self._process.stdout.receive_some(65536)
-                    if not chunk:
-                        raise ShapingError(f"relay process exited during setup (status {await self._process.wait()})")
-                    answer += chunk
+                answer = await LineReader(self._process.stdout).receive_json()
+                if answer is None:
+                    raise ShapingError(f"relay process exited during setup (status {await self._process.wait()})")
         except trio.TooSlowError as exc:
             raise ShapingError(f"relay process did not start within {STARTUP_TIMEOUT_S} s") from exc
-        ports = json.loads(answer)["ports"]
+        ports = answer["ports"]
         return {(link.src, link.dst): ("127.0.0.1", ports[link.name]) for link in self.links}
 
-    def check_alive(self) -> None:
-        if self._process is not None and self._process.poll() is not None:
-            raise ShapingError(f"relay process exited with status {self._process.returncode}")
+    def plan_lines(self) -> list[str]:
+        return [f"relay {link.name}: {describe_timing(link, self.options.loss_rto_ms)}"
+                for link in sorted(self.links, key=lambda l: (l.src, l.dst))]
 
     async def aclose(self) -> None:
         process, self._process = self._process, None
@@ -278,6 +276,21 @@ class UserspaceShaper(Shaper):
             return
         with trio.CancelScope(shield=True):
             await stop_process(process, STOP_GRACE_S)
+
+
+def describe_timing(link: LinkSpec, rto_ms: float) -> str:
+    """One link's relay timing in words: what `LinkTiming.from_spec(link, rto_ms)` will do to each chunk."""
+    parts = [f"stage {link.src} -> stage {link.dst} through 127.0.0.1", f"delay {link.delay_ms:g} ms"]
+    if link.jitter_ms:
+        parts.append(f"jitter Normal(0, {link.jitter_ms:g} ms) seed {link.seed}")
+    if link.loss_pct:
+        parts.append(f"loss {link.loss_pct:g}% (each lost chunk +{rto_ms:g} ms RTO)")
+    if link.rate_mbit > 0:
+        per_mtu_ms = RELAY_MTU_BYTES * 8 / (link.rate_mbit * 1e6) * 1e3
+        parts.append(f"rate {link.rate_mbit:g} Mbit/s (serialization {per_mtu_ms:.4g} ms per {RELAY_MTU_BYTES} B)")
+    else:
+        parts.append("rate unlimited (no serialization)")
+    return ", ".join(parts)
 
 
 async def stop_process(process: trio.Process, grace_s: float) -> None:

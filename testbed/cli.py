@@ -39,6 +39,7 @@ def ensure_models(console: Console) -> dict:
 async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
                     dashboard: bool, verbose: bool) -> list[RunSummary]:
     """Run scenarios (phases) one after another under one exporter and one live dashboard."""
+    from netem.base import ShaperOptions
     from netem.select import choose_shaper
     from testbed.collector import RunCollector, serve
     from testbed.launcher import Launcher, new_run_id
@@ -60,9 +61,8 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
 
     async def run_phases() -> None:
         for i, scenario in enumerate(scenarios):
-            shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
-            if hasattr(shaper, "rto_ms"):
-                shaper.rto_ms = scenario.loss_rto_ms
+            shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id(),
+                                   options=ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
                           f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
             if i > 0:

@@ -238,10 +238,10 @@ def new_run_id() -> str:
 async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog: RunLog | None = None,
                        log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> RunSummary:
     """Choose the shaper and run one scenario (testbed.api.run wraps this for scripts and notebooks)."""
+    from netem.base import ShaperOptions
     from netem.select import choose_shaper
 
-    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id())
-    if hasattr(shaper, "rto_ms"):
-        shaper.rto_ms = scenario.loss_rto_ms
+    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id(),
+                           options=ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
     launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr)
     return await launcher.run()

@@ -30,15 +30,9 @@ import trio
 
 from testbed.core.records import LinkSpec
 from netem.clean import clean
-from netem.kernel import (
-    KernelShaper,
-    in_namespace,
-    read_links,
-    read_offloads,
-    read_qdisc,
-    read_routes,
-    read_sysctl,
-)
+from netem.kernel import KernelShaper
+from netem.netlink import read_links, read_qdisc, read_routes
+from netem.nsutil import in_namespace, read_offloads, read_sysctl
 from netem.plan import INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
 from testbed.core.errors import ShapingError
 

@@ -198,3 +198,80 @@ def test_is_testbed_name_only_matches_generated_names():
                     "gr1a2b3-s0x", "GR1A2B3-s0", "eth0", "lo"):
         assert not is_testbed_name(foreign), foreign
     assert is_testbed_name("gr1a2b3-s0", "gr1a2b3") and not is_testbed_name("gr1a2b3-s0", "grfffff")
+
+
+# ------------------------------------------------------------------------------------------------
+# plan without applying: what `python -m testbed plan` prints
+
+PLAN_LINKS = [
+    LinkSpec(0, 1, delay_ms=10.0),
+    LinkSpec(1, 2, delay_ms=20.0, jitter_ms=2.0, loss_pct=1.0, rate_mbit=100.0, seed=7),
+    LinkSpec(2, 0, delay_ms=30.0),
+]
+
+
+def _no_netem():
+    from netem.probe import Capabilities
+
+    return Capabilities(has_cap_net_admin=False, has_netns=False, has_veth=False, has_netem=False, detail="test")
+
+
+def test_netem_plan_lines_are_tc_commands_with_microseconds_prefix_and_limit():
+    from netem.base import ShaperOptions
+    from netem.select import plan_lines
+
+    backend, lines = plan_lines("netem", PLAN_LINKS, 3, "abcdef12", ShaperOptions(), probe_fn=_no_netem)
+    assert backend == "netem" and lines[0].startswith("# backend netem:") and "could not run here" in lines[0]
+    prefix = run_prefix("abcdef12")
+    plan = plan_network(PLAN_LINKS, 3, "abcdef12")
+    text = "\n".join(lines)
+    for ns in plan.namespaces:
+        assert f"ip netns add {ns.name}" in lines
+    for veth in plan.veths:
+        assert veth.ifname_a.startswith(prefix + "-") and veth.ifname_b.startswith(prefix + "-")
+        assert f"link add {veth.ifname_a} type veth peer name {veth.ifname_b} netns {veth.namespace_b}" in text
+        assert f"ethtool -K {veth.ifname_a} " in text and "gso off" in text and "tso off" in text and "gro off" in text
+    qdisc_lines = [line for line in lines if " tc qdisc add " in line]
+    assert len(qdisc_lines) == len(PLAN_LINKS)
+    for q in plan.qdiscs:
+        (line,) = [l for l in qdisc_lines if f" dev {q.ifname} " in l]
+        assert f"netem delay {round(q.link.delay_ms * 1000)}us" in line
+        assert f"limit {q.limit_packets}" in line
+    jittered = plan.qdisc(1, 2)
+    (line,) = [l for l in qdisc_lines if f" dev {jittered.ifname} " in l]
+    assert "delay 20000us 2000us distribution normal loss 1% rate 100mbit" in line
+
+
+def test_netem_plan_lines_need_no_root_and_touch_nothing():
+    from netem.kernel import KernelShaper
+
+    shaper = KernelShaper(PLAN_LINKS, 3, "abcdef12")
+    assert shaper.plan_lines() == shaper.plan_lines()  # pure: no kernel calls, same answer twice
+    assert shaper.plan_lines()[0] == f"ip netns add {run_prefix('abcdef12')}-s0"
+
+
+def test_relay_plan_lines_show_each_link_and_the_rto():
+    from netem.base import ShaperOptions
+    from netem.select import plan_lines
+
+    backend, lines = plan_lines("auto", PLAN_LINKS, 3, "abcdef12", ShaperOptions(loss_rto_ms=250.0),
+                                probe_fn=_no_netem)
+    assert backend == "userspace" and lines[0].startswith("# backend userspace: netem: ")
+    relay_lines = lines[1:]
+    assert len(relay_lines) == len(PLAN_LINKS)
+    for link, line in zip(sorted(PLAN_LINKS, key=lambda l: (l.src, l.dst)), relay_lines):
+        assert line.startswith(f"relay {link.name}:") and f"delay {link.delay_ms:g} ms" in line
+    (lossy,) = [l for l in relay_lines if l.startswith("relay 1->2:")]
+    assert "jitter Normal(0, 2 ms)" in lossy and "loss 1%" in lossy and "+250 ms RTO" in lossy
+    assert "rate 100 Mbit/s" in lossy and "serialization 0.12 ms" in lossy
+
+
+def test_shaper_options_reach_the_backend_and_bad_ones_are_named():
+    from netem.base import ShaperOptions
+    from netem.select import choose_shaper
+
+    shaper = choose_shaper("userspace", PLAN_LINKS, 3, "abcdef12", options=ShaperOptions(loss_rto_ms=300.0))
+    assert shaper.options.loss_rto_ms == 300.0
+    assert choose_shaper("userspace", PLAN_LINKS, 3, "abcdef12").options == ShaperOptions()
+    with pytest.raises(ShapingError, match="loss_rto_ms"):
+        ShaperOptions(loss_rto_ms=0)

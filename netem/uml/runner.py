@@ -1,11 +1,12 @@
-"""Runs a command inside user-mode-linux (UML), whose kernel has sch_netem, on the host's own filesystem.
+"""Boots user-mode-linux (UML) on the host's own filesystem and runs one command inside it.
 
     python -m netem.uml [--timeout S] [--mem SIZE] [--verbose] -- COMMAND...
 
 UML is a Linux kernel that runs as an ordinary process (Debian package `user-mode-linux`). We boot it
 with the host root filesystem (hostfs) and a generated init script; the script mounts proc, sysfs, a
-tmpfs on /run and on /dev/shm, brings lo up, loads the shaping modules (veth, sch_netem, sch_tbf,
-sch_htb, ifb) with insmod from /usr/lib/uml/modules/<version>, cds to the caller's directory,
+tmpfs on /run and on /dev/shm, brings lo up, loads the modules the kernel backend uses (veth and
+sch_netem: netem's rate is its own, no tbf/htb/ifb) with insmod from /usr/lib/uml/modules/<version>
+(with their modules.dep dependencies), cds to the caller's directory,
 exports the caller's environment, runs COMMAND, writes its exit status to a host file and halts::
 
     host                                 UML guest (1 vCPU, MEM of RAM, hostfs root = the host's /)
@@ -19,17 +20,9 @@ Exit status: COMMAND's own; 124 when --timeout expired (UML's whole process grou
 when UML itself failed (no status written, e.g. a kernel panic; rerun with --verbose); 2 for a usage
 or installation error (user-mode-linux missing).
 
-The XSAVE shim. UML 6.1 saves and restores a guest's FPU state with PTRACE_{GET,SET}REGSET
-NT_X86_XSTATE using a fixed 832-byte buffer (x87/SSE + AVX). On hosts whose XSAVE area is larger
-(AVX-512: 2.7 KB, AMX: 11 KB) the host kernel rejects every SETREGSET that is not exactly the full
-size (EFAULT), and the guest's init dies at once ("ptrace set fp regs failed, errno = 14"). Making
-UML fall back to FXSAVE (PTRACE_SETFPREGS) boots, but then the upper halves of YMM/ZMM registers
-are lost on every guest page fault: glibc's AVX2/EVEX string functions corrupt data, Python crashes
-in startup (measured here). So on such hosts we LD_PRELOAD a 100-line C shim into the UML process
-(compiled with the host's cc into the temp dir at each start): it forwards the two XSTATE requests
-with a full-size buffer kept per UML save-buffer address, and copies the 832 bytes UML knows about
-in and out. Guest processes then keep their complete AVX-512 state (checked with a register test
-across page faults and syscalls). Hosts without a C compiler get a clear error instead of a crash.
+The XSAVE shim: on hosts with AVX-512 or AMX, UML 6.1 cannot context-switch the guest's FPU state
+by itself; we LD_PRELOAD xstate_shim.c (next to this file, compiled with the host's cc into the temp
+dir at each start; its header says why and how). Hosts without a C compiler get a clear error.
 """
 
 from __future__ import annotations
@@ -54,13 +47,13 @@ DEFAULT_MEM = "6G"  # 4 agents importing torch (~300-500 MB each) + launcher + p
 UML_MODULES_ROOT = Path("/usr/lib/uml/modules")
 UML_BINARY_NAMES = ("linux.uml", "linux")
 # Loaded in this order; dependencies listed in modules.dep are inserted before each.
-GUEST_MODULES = ("veth", "sch_netem", "sch_tbf", "sch_htb", "ifb")
-REQUIRED_MODULES = ("veth", "sch_netem")
+GUEST_MODULES = ("veth", "sch_netem")
+REQUIRED_MODULES = GUEST_MODULES
 GUEST_PATH_DEFAULT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Commands the guest's init runs (on the host's filesystem, with GUEST_PATH_DEFAULT) -> Debian package.
 GUEST_TOOLS = {"insmod": "kmod", "ip": "iproute2", "mount": "mount"}
 KILL_GRACE_S = 5.0
-UML_XSTATE_BUFFER_BYTES = 832  # sizeof(struct _xstate) in UML 6.1: legacy 512 + header 64 + YMMH 256
+XSTATE_SHIM_SOURCE = Path(__file__).with_name("xstate_shim.c")  # shipped as package data
 # Not carried into the guest: per-host-session noise, and our own shim (the guest must not load it).
 ENV_SKIP = {"LD_PRELOAD", "PWD", "OLDPWD", "SHLVL", "_", "TERM_PROGRAM", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
             "DISPLAY", "XAUTHORITY", "DBUS_SESSION_BUS_ADDRESS", "MAIL"}
@@ -70,90 +63,6 @@ EXIT_TIMEOUT = 124
 EXIT_UML_FAILED = 125
 EXIT_USAGE = 2
 
-XSTATE_SHIM_C = r"""
-/* geo-ring: let UML 6.1 (832-byte XSTATE buffer) run on hosts with a larger XSAVE area. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/types.h>
-#include <sys/uio.h>
-
-#define GETREGSET 0x4204
-#define SETREGSET 0x4205
-#define NT_X86_XSTATE 0x202
-#define SLOTS 8192
-#define PROBE_BYTES 65536
-
-typedef long (*ptrace_fn)(int, pid_t, void *, void *);
-static ptrace_fn real_ptrace;
-static size_t full_size;
-/* one full-size image per UML save buffer (one per guest thread): keeps the state UML cannot hold */
-static struct { void *key; unsigned char *image; int valid; } slots[SLOTS];
-
-static long raw(int req, pid_t pid, void *addr, void *data) {
-    if (!real_ptrace) real_ptrace = (ptrace_fn)dlsym(RTLD_NEXT, "ptrace");
-    return real_ptrace(req, pid, addr, data);
-}
-
-static int learn_size(pid_t pid) {
-    if (full_size) return 0;
-    void *probe = mmap(NULL, PROBE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (probe == MAP_FAILED) return -1;
-    struct iovec iov = { probe, PROBE_BYTES };
-    long r = raw(GETREGSET, pid, (void *)NT_X86_XSTATE, &iov);
-    if (r == 0) full_size = iov.iov_len;
-    munmap(probe, PROBE_BYTES);
-    return r == 0 ? 0 : -1;
-}
-
-static int slot_for(void *key) {
-    size_t h = ((uintptr_t)key >> 4) % SLOTS;
-    for (size_t i = 0; i < SLOTS; i++) {
-        size_t j = (h + i) % SLOTS;
-        if (slots[j].key == key) return (int)j;
-        if (slots[j].key == NULL) {
-            void *p = mmap(NULL, full_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (p == MAP_FAILED) return -1;
-            slots[j].key = key; slots[j].image = p; slots[j].valid = 0;
-            return (int)j;
-        }
-    }
-    return -1;
-}
-
-long ptrace(int req, ...) {
-    va_list ap;
-    va_start(ap, req);
-    pid_t pid = va_arg(ap, pid_t);
-    void *addr = va_arg(ap, void *);
-    void *data = va_arg(ap, void *);
-    va_end(ap);
-    if ((req != GETREGSET && req != SETREGSET) || (uintptr_t)addr != NT_X86_XSTATE)
-        return raw(req, pid, addr, data);
-    struct iovec *user = data;
-    if (learn_size(pid) != 0 || user->iov_len >= full_size)
-        return raw(req, pid, addr, data);
-    int s = slot_for(user->iov_base);
-    if (s < 0) { errno = ENOMEM; return -1; }
-    struct iovec iov = { slots[s].image, full_size };
-    if (req == GETREGSET) {
-        long r = raw(GETREGSET, pid, addr, &iov);
-        if (r == 0) { memcpy(user->iov_base, slots[s].image, user->iov_len); slots[s].valid = 1; }
-        return r;
-    }
-    if (!slots[s].valid) {  /* first restore into this buffer: start from the tracee's current state */
-        if (raw(GETREGSET, pid, addr, &iov) != 0) return -1;
-        iov.iov_len = full_size;
-        slots[s].valid = 1;
-    }
-    memcpy(slots[s].image, user->iov_base, user->iov_len);
-    return raw(SETREGSET, pid, addr, &iov);
-}
-"""
 
 
 def find_uml_binary() -> str | None:
@@ -265,10 +174,10 @@ def build_xstate_shim(workdir: Path) -> Path:
     if cc is None:
         raise ShapingError("no C compiler (cc) to build the UML XSAVE shim this AVX-512/AMX host needs "
                            "(apt-get install gcc)")
-    source = workdir / "xstate_shim.c"
+    if not XSTATE_SHIM_SOURCE.is_file():
+        raise ShapingError(f"the UML XSAVE shim's source {XSTATE_SHIM_SOURCE} is missing (reinstall geo-ring)")
     library = workdir / "xstate_shim.so"
-    source.write_text(XSTATE_SHIM_C)
-    result = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
+    result = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(library), str(XSTATE_SHIM_SOURCE), "-ldl"],
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise ShapingError(f"building the UML XSAVE shim failed ({cc}): {result.stderr.strip()[-500:]}")
@@ -460,6 +369,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
