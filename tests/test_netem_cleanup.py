@@ -213,7 +213,7 @@ def test_normal_run_leaves_nothing(new_run):
     print(f"exit {status} after {time.monotonic() - run.started:.1f} s")
     assert status == 0, tail(run.log)
     summary = json.loads(run.json.read_text())
-    assert summary.shaper == "netem" and summary.tokens == 23
+    assert summary["shaper"] == "netem" and summary["tokens"] == 23
     run.assert_nothing_left()
 
 

@@ -52,11 +52,11 @@ def ring(request, netem_capable):
     scenario = ring_scenario(request.param, compute_ms=COMPUTE_MS, tokens=TOKENS)
     s = run(scenario, shaper="netem")
     lap_ms = s.wall_s / s.laps * 1e3 if s.laps else float("nan")
-    print(f"\nnetem ring {request.param}: C {s['compute_s'] * 1e3:.2f} ms, lap {lap_ms:.2f} ms vs C + T_ring "
-          f"{(s['compute_s'] + scenario.t_ring_s) * 1e3:.2f} ms, rate error {s['error_pct']:+.1f} %, "
-          f"per-hop p50 excess {[round(h['measured_ms_p50'] - h['configured_ms'], 3) for h in s['per_hop']]} ms, "
-          f"mean excess {(s['t_ring_measured_s'] - scenario.t_ring_s) * 1e3 / scenario.n_stages:.3f} ms/hop, "
-          f"lap residual {s['lap_residual_ms']:.3f} ms")
+    print(f"\nnetem ring {request.param}: C {s.compute_s * 1e3:.2f} ms, lap {lap_ms:.2f} ms vs C + T_ring "
+          f"{(s.compute_s + scenario.t_ring_s) * 1e3:.2f} ms, rate error {s.error_pct:+.1f} %, "
+          f"per-hop p50 excess {[round(h.measured_ms_p50 - h.configured_ms, 3) for h in s.per_hop]} ms, "
+          f"mean excess {(s.t_ring_measured_s - scenario.t_ring_s) * 1e3 / scenario.n_stages:.3f} ms/hop, "
+          f"lap residual {s.lap_residual_ms:.3f} ms")
     return scenario, s
 
 
