@@ -48,8 +48,14 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
             accepted_per_pos[i] += int(i < lap.extra["accepted"])
     t_ring = scenario.t_ring_s
     overall = rate_figures(rounds, t_ring, alpha)
-    k_star, r_star = physics.best_k(min(alpha, ALPHA_CAP), overall.draft_per_token_s, overall.verify_compute_s,
-                                    t_ring, max(scenario.decode.k_max, max(ks)))
+    k_range = max(scenario.decode.k_max, max(ks))
+    timings = (overall.draft_per_token_s, overall.verify_compute_s, t_ring)
+    k_star, r_star = physics.best_k(min(alpha, ALPHA_CAP), *timings, k_range)
+    survival = physics.survival_curve(drafted_per_pos, accepted_per_pos)
+    k_star_survival = r_star_survival = None
+    if survival:
+        tail = min(physics.survival_tail(survival, alpha), ALPHA_CAP)
+        k_star_survival, r_star_survival = physics.best_k_survival(survival, tail, *timings, k_range)
     last = rounds[-1].extra
     per_k = None
     k_star_measured = k_star_predicted = None
@@ -70,7 +76,7 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
         draft=last["draft"], drafted=sum(ks), accepted=sum(lap.extra["accepted"] for lap in rounds), alpha=alpha,
         alpha_dialled=scenario.decode.alpha if last["draft"] == "calibrated" else None,
         acceptance_per_position=tuple(a / d for a, d in zip(accepted_per_pos, drafted_per_pos)),
-        k_star=k_star, k_star_tok_s=r_star,
+        k_star=k_star, k_star_tok_s=r_star, k_star_survival=k_star_survival, k_star_survival_tok_s=r_star_survival,
         plain_predicted_tok_s=physics.wall_rate(overall.verify_compute_s, t_ring),
         per_k=per_k, k_star_measured=k_star_measured, k_star_predicted=k_star_predicted,
     )

@@ -71,3 +71,24 @@ def test_ttft_adds_serialization():
     assert physics.ttft(1.0, 0.28) == pytest.approx(1.28)
     # 65.5 MB over 280 MB/s ~ 234 ms per hop (seed 000, section 3)
     assert physics.ttft(0, 0, 65_536_000, 280e6) == pytest.approx(0.234, abs=0.001)
+
+
+def test_survival_gamma_is_gamma_for_iid_rejections_and_less_for_correlated_ones():
+    alpha = 0.8
+    iid = [alpha ** (i + 1) for i in range(6)]
+    for k in range(1, 10):  # measured through position 5, extended at the same alpha beyond
+        assert physics.survival_gamma(iid, k, alpha) == pytest.approx(physics.gamma(alpha, k))
+    # a draft that, once it fails, keeps failing: survival flattens at 0.6 after the first position
+    correlated = [0.6, 0.55, 0.53, 0.52]
+    assert physics.survival_gamma(correlated, 4, 0.98) == pytest.approx(1 + sum(correlated))
+    assert physics.survival_tail(correlated, 0.8) == pytest.approx(0.52 / 0.53)
+    assert physics.survival_curve([10, 9, 3], [6, 5, 2]) == [0.6, 5 / 9]  # position 2: too few rounds
+
+
+def test_best_k_from_survival_stops_where_the_curve_stops_paying():
+    # Each extra draft costs c_d = 5 ms on a 313 ms round; a draft accepted with probability S_i adds S_i tokens.
+    flat_then_dead = [0.9, 0.85, 0.02, 0.01]
+    k, _ = physics.best_k_survival(flat_then_dead, 0.5, 0.005, 0.033, 0.280, 24)
+    assert k == 2
+    k_iid, _ = physics.best_k(0.9, 0.005, 0.033, 0.280, 24)
+    assert k_iid > 10  # the i.i.d. form at the same first-position acceptance would draft far too long

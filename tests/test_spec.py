@@ -116,3 +116,13 @@ def test_k_chooser():
         auto.observe([0.9] * 4, draft_s=4 * 0.005, k=4, compute_s=1 / 30, ring_s=0.280)
     assert auto.alpha_hat == pytest.approx(0.9)
     assert auto.next_k() == physics.best_k(0.9, 0.005, 1 / 30, 0.280, 24)[0] == 21  # Table 3's K*
+
+
+def test_k_chooser_trusts_the_measured_survival_over_the_iid_form():
+    # Overlap says alpha 0.9, but the draft that misses once keeps missing: rounds accept 2 of 4, or 0.
+    auto = KChooser(fixed=None, k_max=24)
+    for round_no in range(20):
+        auto.observe([0.9] * 4, draft_s=4 * 0.005, k=4, compute_s=1 / 30, ring_s=0.280,
+                     accepted=2 if round_no % 5 else 0)
+    assert auto.survival() == pytest.approx([0.8, 0.8, 0.0, 0.0])
+    assert auto.next_k() == 2  # the i.i.d. form at alpha 0.9 would say 21

@@ -158,7 +158,13 @@ class Drafter:
 
 @dataclass
 class KChooser:
-    """K fixed, or chosen online to maximize Gamma(a, K) / (K c_d + C + T_ring) from measured values."""
+    """K fixed, or chosen online to maximize expected tokens / (K c_d + C + T_ring) from measured values.
+
+    Expected tokens per round come from the measured survival curve (S_i: the share of rounds that drafted
+    position i and accepted drafts 0..i), which holds for drafts whose rejections are correlated; positions
+    with fewer than physics.SURVIVAL_MIN_ROUNDS samples extend it (physics.survival_gamma). Before any position has
+    enough samples, the i.i.d. closed form Gamma(alpha_hat, K) decides.
+    """
 
     fixed: int | None
     k_max: int
@@ -167,13 +173,27 @@ class KChooser:
     draft_per_token_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     ring_s: list[float] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)  # rounds that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # ... and accepted drafts 0..i
 
-    def observe(self, overlaps: list[float], draft_s: float, k: int, compute_s: float, ring_s: float) -> None:
+    def observe(self, overlaps: list[float], draft_s: float, k: int, compute_s: float, ring_s: float,
+                accepted: int = 0) -> None:
         self.alpha_sum += sum(overlaps)
         self.drafted += len(overlaps)
         self.draft_per_token_s.append(draft_s / k)
         self.compute_s.append(compute_s)
         self.ring_s.append(ring_s)
+        if len(self.drafted_at) < k:
+            grow = k - len(self.drafted_at)
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(k):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += int(accepted > i)
+
+    def survival(self) -> list[float]:
+        """The measured survival curve, over the leading positions with enough samples."""
+        return physics.survival_curve(self.drafted_at, self.accepted_at)
 
     @property
     def alpha_hat(self) -> float:
@@ -185,8 +205,14 @@ class KChooser:
         if len(self.compute_s) < K_AUTO_WARMUP_ROUNDS:
             return min(K_AUTO_START, self.k_max)
         alpha = min(self.alpha_hat, 0.999)
-        k, _rate = physics.best_k(alpha, float(np.median(self.draft_per_token_s)), float(np.median(self.compute_s)),
-                                  float(np.median(self.ring_s)), self.k_max)
+        timings = (float(np.median(self.draft_per_token_s)), float(np.median(self.compute_s)),
+                   float(np.median(self.ring_s)))
+        survival = self.survival()
+        if survival:
+            k, _rate = physics.best_k_survival(survival, min(physics.survival_tail(survival, alpha), 0.999), *timings,
+                                               self.k_max)
+        else:
+            k, _rate = physics.best_k(alpha, *timings, self.k_max)
         return k
 
 
@@ -248,7 +274,7 @@ class SpeculativeMode:
         new_tokens = drafts[:accepted] + [nxt]
         self.sequence.extend(new_tokens)
         self.generated += len(new_tokens)
-        self.chooser.observe(overlaps, draft_time, k, record.compute_s, record.ring_s)
+        self.chooser.observe(overlaps, draft_time, k, record.compute_s, record.ring_s, accepted)
         sweeping = bool(config.k_sweep)
         round_info = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
                       "overlap_sum": sum(overlaps), "draft": config.draft, "alpha_hat": self.chooser.alpha_hat,

@@ -66,3 +66,49 @@ def tree_rate(expected_tokens: float, hop_latencies_s: list[float], n_nodes_tree
     """Seed 001: tok/s = L(n) / T_lap(n), T_lap = sum[l_i + n s_h / BW_i] + compute(n) + T_return."""
     lap = sum(l + n_nodes_tree * hidden_bytes / bw for l, bw in zip(hop_latencies_s, bandwidths_bytes_s, strict=True))
     return expected_tokens / (lap + compute_s + return_s)
+
+
+def survival_gamma(survival: list[float], k: int, alpha_tail: float) -> float:
+    """Expected tokens per round from a measured survival curve: 1 + sum_{i<K} S_i.
+
+    S_i is the probability that drafts 0..i are all accepted (seed 000's Gamma assumes S_i = a^(i+1), i.i.d.
+    rejections; a trained draft's rejections are correlated, so its S_i falls faster or slower than that).
+    Past the measured positions the curve is extended i.i.d. at `alpha_tail`: S_i = S_last * a^(i - last).
+    """
+    if k < 0:
+        raise ValueError(f"K must be >= 0, got {k}")
+    total, last = 1.0, 1.0
+    for i in range(k):
+        last = survival[i] if i < len(survival) else last * alpha_tail
+        total += last
+    return total
+
+
+def best_k_survival(survival: list[float], alpha_tail: float, draft_s: float, compute_s: float, t_ring_s: float,
+                    k_max: int = 64) -> tuple[int, float]:
+    """K* maximizing survival_gamma / (K c_d + C + T_ring) over 1..k_max, with its rate."""
+    def rate(k: int) -> float:
+        return survival_gamma(survival, k, alpha_tail) / spec_round_s(k, draft_s, compute_s, t_ring_s)
+
+    best = max(range(1, k_max + 1), key=lambda k: (rate(k), -k))
+    return best, rate(best)
+
+
+def survival_tail(survival: list[float], alpha: float) -> float:
+    """Per-position acceptance to extend a measured survival curve with: its last conditional step, else alpha."""
+    if len(survival) >= 2 and survival[-2] > 0:
+        return min(1.0, survival[-1] / survival[-2])
+    return alpha
+
+
+SURVIVAL_MIN_ROUNDS = 8  # a position's acceptance is trusted from this many rounds that drafted it
+
+
+def survival_curve(drafted_at: list[int], accepted_at: list[int], min_rounds: int = SURVIVAL_MIN_ROUNDS) -> list[float]:
+    """S_i = accepted_at[i] / drafted_at[i] over the leading positions drafted in at least `min_rounds` rounds."""
+    curve = []
+    for drafted, accepted in zip(drafted_at, accepted_at):
+        if drafted < min_rounds:
+            break
+        curve.append(accepted / drafted)
+    return curve

@@ -81,6 +81,9 @@ class SpecSummary(SpecRates):
     acceptance_per_position: tuple[float, ...]
     k_star: int  # argmax of Gamma(alpha_hat, K) / (K c_d + C + T_ring) over 1..max(k_max, largest K run)
     k_star_tok_s: float
+    # the same from the measured survival curve (acceptance_per_position), which holds for correlated rejections
+    k_star_survival: int | None = None
+    k_star_survival_tok_s: float | None = None
     plain_predicted_tok_s: float  # 1 / (C + T_ring) with C = verify_compute_s
     per_k: tuple[PerKRow, ...] | None = None  # a K sweep
     k_star_measured: int | None = None
