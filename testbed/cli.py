@@ -34,10 +34,11 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 
 def ensure_models(console: Console) -> dict:
-    from agents.train import META_FILE, ensure_trained, resolve_cache_dir
+    from agents.train import ensure_trained, needs_training
 
-    if not (resolve_cache_dir() / META_FILE).exists():
-        console.print("[bold]Training the tiny target and draft models (first use only, ~2-3 min on 2 cores)...")
+    if needs_training():
+        console.print("[bold]The model recipe differs from the shipped weights: training the tiny models "
+                      "(~20 min on 2 cores, once)...")
     report = ensure_trained()
     return report
 

@@ -165,13 +165,11 @@ class Launcher:
 
     async def run(self) -> dict:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
-        from agents.train import TARGET_CONFIG
-
-        from agents.train import ensure_trained
+        from agents.train import MODEL_CONFIGS, ensure_trained
 
         sc = self.scenario
-        specs = self.agent_specs(TARGET_CONFIG.n_layer)
-        # Train once here (first use only) rather than in every agent at once under the lock.
+        specs = self.agent_specs(MODEL_CONFIGS[sc.model].n_layer)  # "target-deep" (16 layers) for up to 16 stages
+        # Train once here (only if the recipe changed since the weights were shipped), not in every agent at once.
         await trio.to_thread.run_sync(ensure_trained)
         self.stats.shaper, self.stats.shaper_reason = self.shaper.name, self.shaper.reason
         self.stats.init_metrics()
