@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # bump when model.py computes something different, or the checkpoint or metadata layout changes
 TARGET_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=4, n_embd=128)
 DRAFT_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=64)
-# For rings of up to 16 stages, one layer each; narrower, so that it costs about what the target costs.
-TARGET_DEEP_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=16, n_head=4, n_embd=80)
+# For rings of up to 16 stages, one layer each; narrow, so that 16 layers cost about what the target costs.
+TARGET_DEEP_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=16, n_head=4, n_embd=64)
 MODEL_CONFIGS = {"target": TARGET_CONFIG, "draft": DRAFT_CONFIG, "target-deep": TARGET_DEEP_CONFIG}
 DEFAULT_CACHE_DIR = pathlib.Path(__file__).resolve().parents[1] / ".cache" / "models"
 CACHE_DIR_ENV = "GEO_RING_CACHE"
@@ -93,11 +93,6 @@ def recipe(names: tuple[str, ...] | None = None) -> dict:
 
 def recipe_hash() -> str:
     return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()
-
-
-def cache_key(corpus: Corpus | None = None) -> str:
-    """Key of the trained weights: the recipe hash (the corpus is fixed by its recipe; its sha256 is recorded)."""
-    return recipe_hash()
 
 
 def bytes_tensor(data: bytes) -> torch.Tensor:
@@ -253,16 +248,12 @@ def read_shipped(weights_dir: pathlib.Path | None = None) -> dict | None:
         log.info("shipped weights are for recipe %.16s, the current recipe is %.16s: not used", meta.get("key"), recipe_hash())
         return None
     for name in MODEL_CONFIGS:
-        entry = meta["models"].get(name)
+        entry = meta.get("models", {}).get(name)
         path = weights_dir / entry["file"] if entry else None
         if path is None or not path.is_file() or _sha256(path) != entry["sha256"]:
             log.warning("shipped weights for %s are missing or do not match their sha256 in %s: not used", name, weights_dir)
             return None
     return meta
-
-
-def _shipped_path(name: str) -> pathlib.Path:
-    return WEIGHTS_DIR / f"{name}.pt"
 
 
 def _save_fp16(model: GPT, path: pathlib.Path) -> None:
@@ -307,7 +298,7 @@ def _train_into_cache(corpus: Corpus, key: str, cache_dir: pathlib.Path) -> dict
     _write_json(cache_dir / META_FILE, meta)
     current = {_weights_path(cache_dir, name, key) for name in MODEL_CONFIGS}
     for stale in cache_dir.glob("*.pt"):
-        if stale not in current:
+        if stale not in current and not stale.name.endswith(".fp32.pt"):  # --retrain's files are its own
             stale.unlink(missing_ok=True)
     return meta
 
@@ -403,54 +394,61 @@ def decode_ms(model: GPT, threads: int = 1) -> float:
 # ---- --retrain: train everything, measure, write agents/weights/ ----
 
 
-def _fp32_cache_path(cache_dir: pathlib.Path, name: str) -> pathlib.Path:
+def _trained(name: str, corpus: Corpus, cache_dir: pathlib.Path, resume: bool) -> tuple[GPT, dict]:
+    """Train `name` (or "previous") and keep its float32 weights and stats in the cache; resume reuses them."""
+    config, cfg = (MODEL_CONFIGS[PREVIOUS_RECIPE[0]], PREVIOUS_RECIPE[1]) if name == "previous" else (MODEL_CONFIGS[name], TRAIN_CONFIGS[name])
     # Keyed by this model's own recipe, so --resume keeps a model whose recipe did not change.
-    model_key = hashlib.sha256(json.dumps(recipe((name,)), sort_keys=True).encode()).hexdigest()
-    return cache_dir / f"{name}-{model_key[:16]}.fp32.pt"
+    model_recipe = {**recipe(()), "models": {name: {"model": asdict(config), "train": asdict(cfg)}}}
+    model_key = hashlib.sha256(json.dumps(model_recipe, sort_keys=True).encode()).hexdigest()
+    fp32_path = cache_dir / f"{name}-{model_key[:16]}.fp32.pt"
+    stats_path = fp32_path.with_suffix(".json")
+    if resume and fp32_path.is_file() and stats_path.is_file():
+        log.info("%s: reusing %s", name, fp32_path)
+        return _load_state(GPT(config), fp32_path), json.loads(stats_path.read_text())
+    with _threads(TRAIN_THREADS):
+        model, stats = train_model(name, corpus, config, cfg)
+    _atomic_write(fp32_path, lambda f: torch.save(model.state_dict(), f))
+    _write_json(stats_path, stats)
+    return model, stats
 
 
-def retrain(cache_dir: pathlib.Path | None = None, *, resume: bool = False, weights_dir: pathlib.Path = WEIGHTS_DIR) -> dict:
+def retrain(cache_dir: pathlib.Path | None = None, *, resume: bool = False, only: tuple[str, ...] = (),
+            weights_dir: pathlib.Path | None = None) -> dict | None:
     """Train every model from scratch, measure it, and write the shipped fp16 weights and their metadata.
 
     The float32 weights of each finished model also go to the cache; with resume, a model already there for
-    this recipe (an interrupted --retrain) is not trained again.
+    this recipe (an interrupted --retrain, or one run with `only`) is not trained again. With `only`, just
+    those models are trained into the cache (to spread a retrain over processes) and nothing is written.
     """
     cache_dir = resolve_cache_dir(cache_dir)
+    weights_dir = WEIGHTS_DIR if weights_dir is None else weights_dir
     cache_dir.mkdir(parents=True, exist_ok=True)
     weights_dir.mkdir(parents=True, exist_ok=True)
-    key = recipe_hash()
     started = time.perf_counter()
     corpus = build_corpus()
-    meta: dict = {"key": key, "source": "shipped", "recipe": recipe(), "corpus": corpus.description(), "models": {}}
+    if only:
+        for name in only:
+            _trained(name, corpus, cache_dir, resume)
+        return None
+    meta: dict = {"key": recipe_hash(), "source": "shipped", "recipe": recipe(), "corpus": corpus.description(), "models": {}}
     models: dict[str, GPT] = {}
-    with _threads(TRAIN_THREADS):
-        for name in MODEL_CONFIGS:
-            fp32_path = _fp32_cache_path(cache_dir, name)
-            stats_path = fp32_path.with_suffix(".json")
-            if resume and fp32_path.is_file() and stats_path.is_file():
-                log.info("%s: reusing %s", name, fp32_path)
-                models[name], stats = _load_state(GPT(MODEL_CONFIGS[name]), fp32_path), json.loads(stats_path.read_text())
-            else:
-                models[name], stats = train_model(name, corpus)
-                _atomic_write(fp32_path, lambda f, m=models[name]: torch.save(m.state_dict(), f))
-                _write_json(stats_path, stats)
-            path = weights_dir / f"{name}.pt"
-            _save_fp16(models[name], path)
-            shipped = _load_state(GPT(MODEL_CONFIGS[name]), path)
-            fp16 = evaluate(shipped, corpus)
-            if abs(fp16["val_loss"] - stats["val_loss"]) > FP16_TOLERANCE_NATS:
-                raise RuntimeError(f"{name}: fp16 weights lose {fp16['val_loss'] - stats['val_loss']:.4f} nats/byte, over {FP16_TOLERANCE_NATS}")
-            models[name] = shipped  # everything below measures what ships
-            meta["models"][name] = {
-                **stats,
-                "file": path.name,
-                "sha256": _sha256(path),
-                "val_loss_fp16": fp16["val_loss"],
-                "quick_val_loss_fp16": evaluate(shipped, corpus, QUICK_EVAL_WINDOWS_PER_KIND)["val_loss"],
-            }
-        prev_name, prev_cfg = PREVIOUS_RECIPE
-        _, previous = train_model(prev_name, corpus, MODEL_CONFIGS[prev_name], prev_cfg)
-    meta["previous_recipe"] = {"model": prev_name, **previous}
+    for name in MODEL_CONFIGS:
+        model, stats = _trained(name, corpus, cache_dir, resume)
+        path = weights_dir / f"{name}.pt"
+        _save_fp16(model, path)
+        models[name] = shipped = _load_state(GPT(MODEL_CONFIGS[name]), path)  # everything below measures what ships
+        fp16 = evaluate(shipped, corpus)
+        if abs(fp16["val_loss"] - stats["val_loss"]) > FP16_TOLERANCE_NATS:
+            raise RuntimeError(f"{name}: fp16 weights lose {fp16['val_loss'] - stats['val_loss']:.4f} nats/byte, over {FP16_TOLERANCE_NATS}")
+        meta["models"][name] = {
+            **stats,
+            "file": path.name,
+            "sha256": _sha256(path),
+            "val_loss_fp16": fp16["val_loss"],
+            "quick_val_loss_fp16": evaluate(shipped, corpus, QUICK_EVAL_WINDOWS_PER_KIND)["val_loss"],
+        }
+    _, previous = _trained("previous", corpus, cache_dir, resume)
+    meta["previous_recipe"] = {"model": PREVIOUS_RECIPE[0], **previous}
     meta["unigram_val_loss"] = unigram_loss(corpus.val)
     alpha_windows = eval_windows(corpus.val, ALPHA_WINDOWS, DRAFT_CONFIG.block_size)
     meta["alpha_hat"] = {
@@ -536,6 +534,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None, help=f"default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR}")
     parser.add_argument("--retrain", action="store_true", help=f"train every model from scratch and rewrite {WEIGHTS_DIR}")
     parser.add_argument("--resume", action="store_true", help="with --retrain: reuse models an interrupted --retrain finished")
+    parser.add_argument("--only", nargs="+", choices=[*MODEL_CONFIGS, "previous"], default=(),
+                        help="with --retrain: train just these into the cache (then --retrain --resume gathers them)")
     parser.add_argument("--check", action="store_true", help="verify the shipped weights: recipe hash, sha256, loading, loss")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"check: {problem}")
         print("check: shipped weights OK" if not problems else f"check: {len(problems)} problem(s)")
         raise SystemExit(1 if problems else 0)
+    if args.retrain and args.only:
+        retrain(args.cache_dir, resume=args.resume, only=tuple(args.only))
+        print(f"trained {', '.join(args.only)} into {resolve_cache_dir(args.cache_dir)}")
+        return
     if args.retrain:
         meta = retrain(args.cache_dir, resume=args.resume)
         print(f"retrained in {meta['retrain_seconds'] / 60:.1f} min; wrote {WEIGHTS_DIR}")
