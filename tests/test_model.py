@@ -287,9 +287,8 @@ def test_shipped_fp16_weights_give_the_recorded_loss():
 def test_shipped_models_beat_the_baselines():
     meta = train.read_shipped()
     models = meta["models"]
-    assert models["target"]["val_loss"] < models["draft"]["val_loss"] < meta["previous_recipe"]["val_loss"]
-    assert models["target-deep"]["val_loss"] < models["draft"]["val_loss"]
-    assert meta["previous_recipe"]["val_loss"] < meta["unigram_val_loss"]
+    assert models["target"]["val_loss"] < min(models["draft"]["val_loss"], meta["previous_recipe"]["val_loss"])
+    assert all(stats["val_loss"] < meta["unigram_val_loss"] - 0.5 for stats in models.values())
 
 
 def longest_run(ids: list[int]) -> int:
