@@ -267,7 +267,9 @@ def test_shipped_weights_are_found_again_by_a_changed_file(tmp_path, monkeypatch
     monkeypatch.setattr(train, "WEIGHTS_DIR", tmp_path)
     assert train.read_shipped() is not None
     draft = tmp_path / train.read_shipped()["models"]["draft"]["file"]
-    draft.write_bytes(draft.read_bytes()[:-1] + b"\0")
+    data = bytearray(draft.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the tensor data
+    draft.write_bytes(bytes(data))
     assert train.read_shipped() is None  # a corrupt (or Git LFS pointer) file is not loaded
 
 
