@@ -1,4 +1,4 @@
-"""Deterministic offline training of the target and draft models, cached on disk and shared between processes."""
+"""Deterministic offline training of the target, deep target and draft models, shipped in agents/weights/."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import pathlib
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,41 +20,60 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from agents.corpus import Corpus, build_corpus
-from agents.model import GPT, GPTConfig
+from agents.corpus import KINDS, Corpus, build_corpus, corpus_recipe, warn_if_differs
+from agents.model import GPT, GPTConfig, KVCache, decode, encode
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when model.py computes something different, or the checkpoint or metadata layout changes
+FORMAT_VERSION = 2  # bump when model.py computes something different, or the checkpoint or metadata layout changes
 TARGET_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=4, n_embd=128)
-DRAFT_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=64)
-MODEL_CONFIGS = {"target": TARGET_CONFIG, "draft": DRAFT_CONFIG}
+# Two layers: a decode step costs what the embedding, head and per-op overheads cost, so width 96 is as cheap as 64.
+DRAFT_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=96)
+# For rings of up to 16 stages, one layer each; narrow, so that 16 layers cost about what the target costs.
+TARGET_DEEP_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=16, n_head=4, n_embd=64)
+MODEL_CONFIGS = {"target": TARGET_CONFIG, "draft": DRAFT_CONFIG, "target-deep": TARGET_DEEP_CONFIG}
 DEFAULT_CACHE_DIR = pathlib.Path(__file__).resolve().parents[1] / ".cache" / "models"
 CACHE_DIR_ENV = "GEO_RING_CACHE"
-CORPUS_MAX_BYTES = 4 * 1024 * 1024
-TRAIN_THREADS = 2
+WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"  # shipped with the package
+SHIPPED_META_FILE = "weights.json"
 META_FILE = "meta.json"
 LOCK_FILE = "train.lock"
+EVAL_WINDOWS_PER_KIND = 128  # fixed, evenly spaced windows of each kind's validation split
+QUICK_EVAL_WINDOWS_PER_KIND = 4  # the test's re-check of the shipped weights' loss, in well under a second
+ALPHA_WINDOWS = 64  # held-out windows for the draft's acceptance rate
+ALPHA_TEMPERATURES = (0.7, 1.0)
+LEVIATHAN_ALPHA_RANGE = (0.62, 0.88)  # Leviathan et al. 2023, Table 3: alpha of their reference draft/target pairs
+FP16_TOLERANCE_NATS = 0.01  # the shipped fp16 weights may lose at most this much against the float32 ones
+DECODE_PREFILL = 128  # decode timing starts mid-context, as the ring does
+DECODE_STEPS = 64
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int
-    batch_size: int = 8  # at this budget more, smaller steps beat fewer big ones
+    batch_size: int = 16
     seq_len: int = 256  # the full block, so every position embedding the decoders will use gets trained
     lr_max: float = 3e-3
-    lr_min: float = 3e-4
-    warmup_steps: int = 20
+    lr_min: float = 1e-4
+    warmup_steps: int = 100
     weight_decay: float = 0.1
     beta2: float = 0.99  # nanoGPT's choice for small models and short runs
     grad_clip: float = 1.0
     seed: int = 1337
-    eval_windows: int = 128  # fixed, evenly spaced windows of the validation split
+    # Same thread count every time: reductions then add up the same way. Small models train as fast on one
+    # thread, and a 2-thread OpenMP team of tiny ops stalls badly on a busy machine.
+    threads: int = 2
 
 
-# Step counts fixed (not a time budget, so the weights are reproducible), sized to ~2 minutes on 2 cores.
-# The draft gets the very same recipe: it is worse only for being smaller.
-TRAIN_CONFIGS = {"target": TrainConfig(steps=600), "draft": TrainConfig(steps=600)}
+# Step counts are fixed (not a time budget), so the weights are reproducible; sized so that all of --retrain
+# takes ~20 minutes on an idle 2-core VM (see README). The draft is cheap, so it gets the most steps.
+TRAIN_CONFIGS = {
+    "target": TrainConfig(steps=1400),
+    "draft": TrainConfig(steps=2000, threads=1),
+    "target-deep": TrainConfig(steps=600, lr_max=2e-3, threads=1),  # 16 layers: a gentler peak rate
+}
+# What shipped before this recipe (600 short steps of the same target); retrained by --retrain for comparison.
+PREVIOUS_RECIPE = ("target", TrainConfig(steps=600, batch_size=8, lr_max=3e-3, lr_min=3e-4, warmup_steps=20, threads=1))
 
 
 def resolve_cache_dir(cache_dir: pathlib.Path | None = None) -> pathlib.Path:
@@ -63,14 +83,18 @@ def resolve_cache_dir(cache_dir: pathlib.Path | None = None) -> pathlib.Path:
     return pathlib.Path(env) if env else DEFAULT_CACHE_DIR
 
 
-def cache_key(corpus: Corpus) -> str:
-    """Hash of everything the weights depend on; a mismatch means the cached weights are stale."""
-    recipe = {
+def recipe(names: tuple[str, ...] | None = None) -> dict:
+    """Everything the weights (of `names`, default all) depend on, known without reading the corpus."""
+    names = tuple(MODEL_CONFIGS) if names is None else names
+    return {
         "format_version": FORMAT_VERSION,
-        "corpus": corpus.description(),
-        "models": {name: {"model": asdict(MODEL_CONFIGS[name]), "train": asdict(TRAIN_CONFIGS[name])} for name in MODEL_CONFIGS},
+        "corpus": corpus_recipe(),
+        "models": {name: {"model": asdict(MODEL_CONFIGS[name]), "train": asdict(TRAIN_CONFIGS[name])} for name in names},
     }
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def recipe_hash() -> str:
+    return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()
 
 
 def bytes_tensor(data: bytes) -> torch.Tensor:
@@ -85,28 +109,47 @@ def unigram_loss(data: bytes) -> float:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay from lr_max to lr_min at the last step."""
     if step < cfg.warmup_steps:
         return cfg.lr_max * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr_min + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr_max - cfg.lr_min)
 
 
+def eval_windows(data: bytes, n_windows: int, seq_len: int) -> torch.Tensor:
+    """n_windows windows of seq_len+1 bytes evenly spaced across data -> [N, seq_len+1]."""
+    tensor = bytes_tensor(data)
+    starts = torch.linspace(0, len(tensor) - seq_len - 1, n_windows).long()  # [N]
+    return tensor[starts[:, None] + torch.arange(seq_len + 1)].long()  # [N, seq_len+1]
+
+
 @torch.no_grad()
-def evaluate(model: GPT, data: torch.Tensor, seq_len: int, n_windows: int) -> float:
-    """Mean next-byte loss in nats over n_windows windows evenly spaced across data."""
+def window_loss(model: GPT, windows: torch.Tensor) -> float:
+    """Mean next-byte loss in nats over windows [N, T+1]."""
     model.eval()
-    starts = torch.linspace(0, len(data) - seq_len - 1, n_windows).long()  # [N]
-    windows = data[starts[:, None] + torch.arange(seq_len + 1)].long()  # [N, seq_len+1]
     total = 0.0
     for chunk in windows.split(32):
-        logits = model(chunk[:, :-1])  # [n, seq_len, V]
+        logits = model(chunk[:, :-1])  # [n, T, V]
         total += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
     return total / windows[:, 1:].numel()
 
 
-def train_model(name: str, corpus: Corpus) -> tuple[GPT, dict]:
-    config, cfg = MODEL_CONFIGS[name], TRAIN_CONFIGS[name]
-    train_data, val_data = bytes_tensor(corpus.train), bytes_tensor(corpus.val)
+def evaluate(model: GPT, corpus: Corpus, windows_per_kind: int = EVAL_WINDOWS_PER_KIND) -> dict:
+    """Held-out loss of each kind, and overall: their mean weighted by each kind's share of validation bytes."""
+    seq_len = model.config.block_size
+    by_kind = {kind: window_loss(model, eval_windows(val, windows_per_kind, seq_len)) for kind, val in corpus.val_by_kind}
+    sizes = dict((kind, len(val)) for kind, val in corpus.val_by_kind)
+    overall = sum(by_kind[kind] * sizes[kind] for kind in by_kind) / sum(sizes.values())
+    return {"val_loss": overall, "val_loss_by_kind": by_kind}
+
+
+@torch.inference_mode(False)  # load_model may be the first call, from a caller in inference mode
+@torch.enable_grad()
+def train_model(name: str, corpus: Corpus, config: GPTConfig | None = None, cfg: TrainConfig | None = None) -> tuple[GPT, dict]:
+    """Train model `name` by its recipe (or the one given); same thread count and seeds give the same weights."""
+    config = MODEL_CONFIGS[name] if config is None else config
+    cfg = TRAIN_CONFIGS[name] if cfg is None else cfg
+    train_data = bytes_tensor(corpus.train)
     torch.manual_seed(cfg.seed)
     model = GPT(config)
     # Weight decay only on matrices; norms and biases (vectors) are left alone, as in nanoGPT.
@@ -131,20 +174,31 @@ def train_model(name: str, corpus: Corpus) -> tuple[GPT, dict]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
-        if step % 50 == 0 or step == cfg.steps - 1:
-            log.info("%s step %d/%d loss %.3f", name, step, cfg.steps, loss.item())
+        if step % 100 == 0 or step == cfg.steps - 1:
+            log.info("%s step %d/%d loss %.3f (%.0f s)", name, step, cfg.steps, loss.item(), time.perf_counter() - started)
     train_seconds = time.perf_counter() - started
-    val_loss = evaluate(model, val_data, cfg.seq_len, cfg.eval_windows)
+    model.requires_grad_(False)
     stats = {
-        "val_loss": val_loss,
+        **evaluate(model, corpus),
         "params": model.num_params(),
         "final_train_loss": loss.item(),
         "train_seconds": train_seconds,
+        "tokens_per_second": cfg.steps * cfg.batch_size * cfg.seq_len / train_seconds,
         "config": asdict(config),
         "train": asdict(cfg),
     }
-    log.info("%s trained in %.1f s, val loss %.3f nats/byte", name, train_seconds, val_loss)
-    return model, stats
+    log.info("%s trained in %.1f s, val loss %.3f nats/byte", name, train_seconds, stats["val_loss"])
+    return model.eval(), stats
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)  # same thread count every time: reductions then add up the same way
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @contextlib.contextmanager
@@ -173,6 +227,52 @@ def _atomic_write(path: pathlib.Path, write) -> None:
         raise
 
 
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    _atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode()))
+
+
+def _sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- shipped weights (agents/weights/) ----
+
+
+def read_shipped(weights_dir: pathlib.Path | None = None) -> dict | None:
+    """The shipped metadata if it is for the current recipe and every weights file has its recorded sha256."""
+    weights_dir = WEIGHTS_DIR if weights_dir is None else weights_dir
+    try:
+        meta = json.loads((weights_dir / SHIPPED_META_FILE).read_text())
+    except FileNotFoundError:
+        log.info("no shipped weights in %s", weights_dir)
+        return None
+    if meta.get("key") != recipe_hash():
+        log.info("shipped weights are for recipe %.16s, the current recipe is %.16s: not used", meta.get("key"), recipe_hash())
+        return None
+    for name in MODEL_CONFIGS:
+        entry = meta.get("models", {}).get(name)
+        path = weights_dir / entry["file"] if entry else None
+        if path is None or not path.is_file() or _sha256(path) != entry["sha256"]:
+            log.warning("shipped weights for %s are missing or do not match their sha256 in %s: not used", name, weights_dir)
+            return None
+    return meta
+
+
+def _save_fp16(model: GPT, path: pathlib.Path) -> None:
+    state = {key: value.to(torch.float16) for key, value in model.state_dict().items()}
+    _atomic_write(path, lambda f: torch.save(state, f))
+
+
+def _load_state(model: GPT, path: pathlib.Path) -> GPT:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict({key: value.to(torch.float32) for key, value in state.items()})  # the agents compute in float32
+    model.requires_grad_(False)  # inference only: no autograd bookkeeping even outside inference_mode
+    return model.eval()
+
+
+# ---- the cache (used only when the recipe has changed since the weights were shipped) ----
+
+
 def _weights_path(cache_dir: pathlib.Path, name: str, key: str) -> pathlib.Path:
     # The key in the name makes a weights file immutable: a retrain never replaces a file someone is loading.
     return cache_dir / f"{name}-{key[:16]}.pt"
@@ -188,69 +288,275 @@ def _read_meta(cache_dir: pathlib.Path, key: str) -> dict | None:
     return meta
 
 
-def _train_all(corpus: Corpus, key: str, cache_dir: pathlib.Path) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TRAIN_THREADS)  # same thread count every time: reductions then add up the same way
+def _train_into_cache(corpus: Corpus, key: str, cache_dir: pathlib.Path) -> dict:
     started = time.perf_counter()
-    try:
-        meta: dict = {"key": key, "format_version": FORMAT_VERSION, "corpus": corpus.description()}
-        for name in MODEL_CONFIGS:
-            model, meta[name] = train_model(name, corpus)
-            _atomic_write(_weights_path(cache_dir, name, key), lambda f, m=model: torch.save(m.state_dict(), f))
-    finally:
-        torch.set_num_threads(threads)
+    meta: dict = {"key": key, "source": "cache", "corpus": corpus.description(), "models": {}}
+    for name in MODEL_CONFIGS:
+        with _threads(TRAIN_CONFIGS[name].threads):
+            model, meta["models"][name] = train_model(name, corpus)
+        _atomic_write(_weights_path(cache_dir, name, key), lambda f, m=model: torch.save(m.state_dict(), f))
     meta["unigram_val_loss"] = unigram_loss(corpus.val)
-    meta["corpus_bytes"] = len(corpus.train) + len(corpus.val)
     meta["train_seconds"] = time.perf_counter() - started
-    _atomic_write(cache_dir / META_FILE, lambda f: f.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
+    _write_json(cache_dir / META_FILE, meta)
     current = {_weights_path(cache_dir, name, key) for name in MODEL_CONFIGS}
     for stale in cache_dir.glob("*.pt"):
-        if stale not in current:
+        if stale not in current and not stale.name.endswith(".fp32.pt"):  # --retrain's files are its own
             stale.unlink(missing_ok=True)
     return meta
 
 
-def ensure_trained(cache_dir: pathlib.Path | None = None, *, force: bool = False) -> dict:
-    """Train both models unless weights for the current recipe are cached; return the training metadata."""
+def needs_training(cache_dir: pathlib.Path | None = None) -> bool:
+    """Whether the next load_model trains first (the recipe changed since the shipped weights, and no cache)."""
+    return read_shipped() is None and _read_meta(resolve_cache_dir(cache_dir), recipe_hash()) is None
+
+
+def ensure_trained(cache_dir: pathlib.Path | None = None) -> dict:
+    """Metadata of the weights load_model will use: the shipped ones, else the cache's, training them if needed."""
+    if (shipped := read_shipped()) is not None:
+        return shipped
     cache_dir = resolve_cache_dir(cache_dir)
-    corpus = build_corpus(CORPUS_MAX_BYTES)
-    key = cache_key(corpus)
-    if not force and (meta := _read_meta(cache_dir, key)) is not None:
+    key = recipe_hash()
+    if (meta := _read_meta(cache_dir, key)) is not None:
         return meta
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _locked(cache_dir / LOCK_FILE):
         # Whoever held the lock before us may just have trained the very same recipe.
-        if not force and (meta := _read_meta(cache_dir, key)) is not None:
+        if (meta := _read_meta(cache_dir, key)) is not None:
             return meta
-        log.info("training target and draft into %s", cache_dir)
-        return _train_all(corpus, key, cache_dir)
+        log.info("training %s into %s (the shipped weights do not match the current recipe)", ", ".join(MODEL_CONFIGS), cache_dir)
+        return _train_into_cache(build_corpus(), key, cache_dir)
 
 
 def load_model(name: str, cache_dir: pathlib.Path | None = None) -> GPT:
-    """The trained model `name` ("target" or "draft") in eval mode, training both first if needed."""
+    """The trained model `name` (one of MODEL_CONFIGS) in eval mode, float32; shipped, else cached/trained."""
     if name not in MODEL_CONFIGS:
         raise ValueError(f"load_model: unknown model {name!r}, expected one of {sorted(MODEL_CONFIGS)}")
-    cache_dir = resolve_cache_dir(cache_dir)
     meta = ensure_trained(cache_dir)
-    model = GPT(MODEL_CONFIGS[name])
-    state = torch.load(_weights_path(cache_dir, name, meta["key"]), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    model.requires_grad_(False)  # inference only: no autograd bookkeeping even outside inference_mode
-    return model.eval()
+    if meta.get("source") == "shipped":
+        path = WEIGHTS_DIR / meta["models"][name]["file"]
+    else:
+        path = _weights_path(resolve_cache_dir(cache_dir), name, meta["key"])
+    return _load_state(GPT(MODEL_CONFIGS[name]), path)
+
+
+# ---- measurements printed beside the losses ----
+
+
+@torch.no_grad()
+def acceptance(target: GPT, draft: GPT, windows: torch.Tensor, temperature: float) -> float:
+    """alpha-hat: mean over positions of sum_x min(p(x), q(x)), both at `temperature` (0: argmax agreement)."""
+    total, count = 0.0, 0
+    for chunk in windows.split(16):
+        p_logits, q_logits = target(chunk[:, :-1]), draft(chunk[:, :-1])  # [n, T, V] each
+        if temperature == 0:
+            agree = p_logits.argmax(-1) == q_logits.argmax(-1)  # [n, T]
+            total += agree.sum().item()
+        else:
+            p = torch.softmax(p_logits / temperature, dim=-1)  # [n, T, V]
+            q = torch.softmax(q_logits / temperature, dim=-1)  # [n, T, V]
+            total += torch.minimum(p, q).sum(-1).sum().item()
+        count += p_logits.shape[0] * p_logits.shape[1]
+    return total / count
+
+
+@torch.inference_mode()
+def generate(model: GPT, prompt: str, n_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """n_tokens bytes after prompt, with a KV cache; greedy at temperature 0."""
+    cache = KVCache(model.config, model.config.n_layer)
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.tensor([encode(prompt)])  # [1, T]
+    out: list[int] = []
+    for _ in range(n_tokens):
+        x = model.embed(idx, cache.length)  # [1, T, C]
+        logits = model.head(model.run_layers(x, 0, model.config.n_layer, cache))[0, -1]  # [V]
+        if temperature == 0:
+            token = int(logits.argmax())
+        else:
+            token = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
+        out.append(token)
+        idx = torch.tensor([[token]])
+    return out
+
+
+@torch.inference_mode()
+def decode_ms(model: GPT, threads: int = 1) -> float:
+    """Median wall time of one full-model decode step (one token, KV cache, all layers, head) at `threads`."""
+    with _threads(threads):
+        cache = KVCache(model.config, model.config.n_layer)
+        model.run_layers(model.embed(torch.zeros(1, DECODE_PREFILL, dtype=torch.long), 0), 0, model.config.n_layer, cache)
+        token = torch.zeros(1, 1, dtype=torch.long)
+        times = []
+        for _ in range(DECODE_STEPS):
+            started = time.perf_counter()
+            model.head(model.run_layers(model.embed(token, cache.length), 0, model.config.n_layer, cache))
+            times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+# ---- --retrain: train everything, measure, write agents/weights/ ----
+
+
+def _trained(name: str, corpus: Corpus, cache_dir: pathlib.Path, resume: bool) -> tuple[GPT, dict]:
+    """Train `name` (or "previous") and keep its float32 weights and stats in the cache; resume reuses them."""
+    config, cfg = (MODEL_CONFIGS[PREVIOUS_RECIPE[0]], PREVIOUS_RECIPE[1]) if name == "previous" else (MODEL_CONFIGS[name], TRAIN_CONFIGS[name])
+    # Keyed by this model's own recipe, so --resume keeps a model whose recipe did not change.
+    model_recipe = {**recipe(()), "models": {name: {"model": asdict(config), "train": asdict(cfg)}}}
+    model_key = hashlib.sha256(json.dumps(model_recipe, sort_keys=True).encode()).hexdigest()
+    fp32_path = cache_dir / f"{name}-{model_key[:16]}.fp32.pt"
+    stats_path = fp32_path.with_suffix(".json")
+    if resume and fp32_path.is_file() and stats_path.is_file():
+        log.info("%s: reusing %s", name, fp32_path)
+        return _load_state(GPT(config), fp32_path), json.loads(stats_path.read_text())
+    with _threads(cfg.threads):
+        model, stats = train_model(name, corpus, config, cfg)
+    _atomic_write(fp32_path, lambda f: torch.save(model.state_dict(), f))
+    _write_json(stats_path, stats)
+    return model, stats
+
+
+def retrain(cache_dir: pathlib.Path | None = None, *, resume: bool = False, only: tuple[str, ...] = (),
+            weights_dir: pathlib.Path | None = None) -> dict | None:
+    """Train every model from scratch, measure it, and write the shipped fp16 weights and their metadata.
+
+    The float32 weights of each finished model also go to the cache; with resume, a model already there for
+    this recipe (an interrupted --retrain, or one run with `only`) is not trained again. With `only`, just
+    those models are trained into the cache (to spread a retrain over processes) and nothing is written.
+    """
+    cache_dir = resolve_cache_dir(cache_dir)
+    weights_dir = WEIGHTS_DIR if weights_dir is None else weights_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    corpus = build_corpus()
+    if only:
+        for name in only:
+            _trained(name, corpus, cache_dir, resume)
+        return None
+    meta: dict = {"key": recipe_hash(), "source": "shipped", "recipe": recipe(), "corpus": corpus.description(), "models": {}}
+    models: dict[str, GPT] = {}
+    for name in MODEL_CONFIGS:
+        model, stats = _trained(name, corpus, cache_dir, resume)
+        path = weights_dir / f"{name}.pt"
+        _save_fp16(model, path)
+        models[name] = shipped = _load_state(GPT(MODEL_CONFIGS[name]), path)  # everything below measures what ships
+        fp16 = evaluate(shipped, corpus)
+        if abs(fp16["val_loss"] - stats["val_loss"]) > FP16_TOLERANCE_NATS:
+            raise RuntimeError(f"{name}: fp16 weights lose {fp16['val_loss'] - stats['val_loss']:.4f} nats/byte, over {FP16_TOLERANCE_NATS}")
+        meta["models"][name] = {
+            **stats,
+            "file": path.name,
+            "sha256": _sha256(path),
+            "val_loss_fp16": fp16["val_loss"],
+            "quick_val_loss_fp16": evaluate(shipped, corpus, QUICK_EVAL_WINDOWS_PER_KIND)["val_loss"],
+        }
+    _, previous = _trained("previous", corpus, cache_dir, resume)
+    meta["previous_recipe"] = {"model": PREVIOUS_RECIPE[0], **previous}
+    meta["unigram_val_loss"] = unigram_loss(corpus.val)
+    alpha_windows = eval_windows(corpus.val, ALPHA_WINDOWS, DRAFT_CONFIG.block_size)
+    meta["alpha_hat"] = {
+        target: {str(t): acceptance(models[target], models["draft"], alpha_windows, t) for t in (0.0, *ALPHA_TEMPERATURES)}
+        for target in ("target", "target-deep")
+    }
+    meta["train_seconds"] = sum(m["train_seconds"] for m in meta["models"].values()) + previous["train_seconds"]
+    meta["retrain_seconds"] = time.perf_counter() - started
+    _write_json(weights_dir / SHIPPED_META_FILE, meta)
+    return meta
+
+
+def check(weights_dir: pathlib.Path = WEIGHTS_DIR) -> list[str]:
+    """Problems with the shipped weights (empty if none): recipe hash, sha256, loading, the recorded loss."""
+    try:
+        meta = json.loads((weights_dir / SHIPPED_META_FILE).read_text())
+    except FileNotFoundError:
+        return [f"{weights_dir / SHIPPED_META_FILE}: missing"]
+    problems = []
+    if meta.get("key") != recipe_hash():
+        problems.append(f"{SHIPPED_META_FILE}: recipe hash {meta.get('key', '')[:16]}, the current recipe is {recipe_hash()[:16]}")
+    corpus = build_corpus()
+    warn_if_differs(meta["corpus"]["sha256"], corpus)
+    for name, config in MODEL_CONFIGS.items():
+        entry = meta["models"].get(name)
+        if entry is None:
+            problems.append(f"{SHIPPED_META_FILE}: no entry for model {name}")
+            continue
+        path = weights_dir / entry["file"]
+        if not path.is_file() or _sha256(path) != entry["sha256"]:
+            problems.append(f"{path}: missing or not the sha256 recorded in {SHIPPED_META_FILE}")
+            continue
+        model = _load_state(GPT(config), path)
+        if corpus.sha256 == meta["corpus"]["sha256"]:
+            loss = evaluate(model, corpus, QUICK_EVAL_WINDOWS_PER_KIND)["val_loss"]
+            if abs(loss - entry["quick_val_loss_fp16"]) > 1e-3:
+                problems.append(f"{path}: quick val loss {loss:.4f}, recorded {entry['quick_val_loss_fp16']:.4f}")
+    return problems
+
+
+DEFAULT_PROMPT = "def main():\n    "
+
+
+def report(meta: dict) -> str:
+    """The table `python -m agents.train` prints: corpus mix, losses, acceptance, decode cost, samples."""
+    lines = []
+    corpus = meta["corpus"]
+    mix = ", ".join(f"{kind} {s['train_bytes'] + s['val_bytes']:,} B" for kind, s in corpus["kinds"].items())
+    lines.append(f"corpus {corpus['sha256'][:16]}: {mix} (10% of each held out)")
+    lines.append(f"{'model':<12} {'params':>9} {'layers':>6} {'steps':>6} {'train s':>8} {'val nats/byte':>13} {'fp16':>7}  "
+                 + "  ".join(f"{kind:>10}" for kind in KINDS) + f" {'decode ms':>10}")
+    models = {name: load_model(name) for name in MODEL_CONFIGS}
+    decode_cost = {name: decode_ms(model) for name, model in models.items()}
+    for name, stats in meta["models"].items():
+        kinds = "  ".join(f"{stats['val_loss_by_kind'][kind]:>10.3f}" for kind in KINDS)
+        fp16 = f"{stats['val_loss_fp16']:>7.3f}" if "val_loss_fp16" in stats else f"{'':>7}"
+        lines.append(f"{name:<12} {stats['params']:>9,} {stats['config']['n_layer']:>6} {stats['train']['steps']:>6} "
+                     f"{stats['train_seconds']:>8.0f} {stats['val_loss']:>13.3f} {fp16}  {kinds} {decode_cost[name]:>10.2f}")
+    if (prev := meta.get("previous_recipe")) is not None:
+        kinds = "  ".join(f"{prev['val_loss_by_kind'][kind]:>10.3f}" for kind in KINDS)
+        lines.append(f"{'previous':<12} {prev['params']:>9,} {prev['config']['n_layer']:>6} {prev['train']['steps']:>6} "
+                     f"{prev['train_seconds']:>8.0f} {prev['val_loss']:>13.3f} {'':>7}  {kinds}   (the {prev['model']} as shipped before)")
+    lines.append(f"{'unigram':<12} {'':>9} {'':>6} {'':>6} {'':>8} {meta['unigram_val_loss']:>13.3f}")
+    lines.append(f"decode ms: one token through all layers with a KV cache, 1 thread, on this machine; "
+                 f"target/draft {decode_cost['target'] / decode_cost['draft']:.1f}x")
+    if (alpha := meta.get("alpha_hat")) is not None:
+        low, high = LEVIATHAN_ALPHA_RANGE
+        for target, by_t in alpha.items():
+            cells = ", ".join(f"T={float(t):g}: {value:.3f}" for t, value in by_t.items() if float(t) > 0)
+            lines.append(f"alpha-hat draft vs {target} ({ALPHA_WINDOWS} held-out windows): {cells}; "
+                         f"greedy argmax agreement {by_t['0.0']:.3f}  (Leviathan et al. reference pairs: {low}-{high})")
+    if "retrain_seconds" in meta:
+        lines.append(f"training: {meta['train_seconds'] / 60:.1f} min "
+                     f"({meta['retrain_seconds'] / 60:.1f} min for the whole --retrain, evaluation included)")
+    for temperature in (0.0, 0.7):
+        text = decode(generate(models["target"], DEFAULT_PROMPT, 120, temperature))
+        lines.append(f"target, T={temperature:g}, from {DEFAULT_PROMPT!r}:\n{DEFAULT_PROMPT}{text}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None, help=f"default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR}")
-    parser.add_argument("--force", action="store_true", help="retrain even if cached weights match")
+    parser.add_argument("--retrain", action="store_true", help=f"train every model from scratch and rewrite {WEIGHTS_DIR}")
+    parser.add_argument("--resume", action="store_true", help="with --retrain: reuse models an interrupted --retrain finished")
+    parser.add_argument("--only", nargs="+", choices=[*MODEL_CONFIGS, "previous"], default=(),
+                        help="with --retrain: train just these into the cache (then --retrain --resume gathers them)")
+    parser.add_argument("--check", action="store_true", help="verify the shipped weights: recipe hash, sha256, loading, loss")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    meta = ensure_trained(args.cache_dir, force=args.force)
-    print(f"corpus: {meta['corpus_bytes']} bytes, trained in {meta['train_seconds']:.1f} s (both models)")
-    print(f"{'model':<8} {'params':>9} {'val loss (nats/byte)':>21}")
-    for name in MODEL_CONFIGS:
-        print(f"{name:<8} {meta[name]['params']:>9} {meta[name]['val_loss']:>21.3f}")
-    print(f"{'unigram':<8} {'':>9} {meta['unigram_val_loss']:>21.3f}")
+    if args.check:
+        problems = check()
+        for problem in problems:
+            print(f"check: {problem}")
+        print("check: shipped weights OK" if not problems else f"check: {len(problems)} problem(s)")
+        raise SystemExit(1 if problems else 0)
+    if args.retrain and args.only:
+        retrain(args.cache_dir, resume=args.resume, only=tuple(args.only))
+        print(f"trained {', '.join(args.only)} into {resolve_cache_dir(args.cache_dir)}")
+        return
+    if args.retrain:
+        meta = retrain(args.cache_dir, resume=args.resume)
+        print(f"retrained in {meta['retrain_seconds'] / 60:.1f} min; wrote {WEIGHTS_DIR}")
+    else:
+        meta = ensure_trained(args.cache_dir)
+    print(report(meta))
 
 
 if __name__ == "__main__":

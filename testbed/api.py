@@ -44,10 +44,10 @@ def _toml(value: Any) -> str:
 
 def ensure_models(notify: Callable[[str], None] | None = None) -> dict:
     """Make sure the tiny models exist (trained on first use unless shipped); returns their metadata."""
-    from agents.train import META_FILE, ensure_trained, resolve_cache_dir
+    from agents.train import ensure_trained, needs_training
 
-    if notify is not None and not (resolve_cache_dir() / META_FILE).exists():
-        notify("Training the tiny target and draft models (first use only)...")
+    if notify is not None and needs_training():
+        notify("The model recipe differs from the shipped weights: training the tiny models (once)...")
     return ensure_trained()
 
 

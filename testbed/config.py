@@ -173,7 +173,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(raw, _TOP_KEYS, source, "")
     name = _string(raw, "name", Path(source).stem if source.endswith(".toml") else "scenario", source, "")
     description = _string(raw, "description", "", source, "")
-    model = _string(raw, "model", "target", source, "", ("target", "draft"))
+    model = _string(raw, "model", "target", source, "", ("target", "target-deep", "draft"))
     scale = _number(raw, "scale", 1.0, source, "", minimum=1e-6)
 
     stages_raw = raw.get("stages")

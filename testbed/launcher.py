@@ -163,10 +163,10 @@ class Launcher:
 
     async def run(self) -> RunSummary:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
-        from agents.train import TARGET_CONFIG, ensure_trained
+        from agents.train import MODEL_CONFIGS, ensure_trained
 
-        specs = self.agent_specs(TARGET_CONFIG.n_layer)
-        # Train once here (first use only) rather than in every agent at once under the lock.
+        specs = self.agent_specs(MODEL_CONFIGS[self.scenario.model].n_layer)  # "target-deep": 16 layers
+        # Train once here (only if the recipe changed since the weights were shipped), not in every agent at once.
         await trio.to_thread.run_sync(ensure_trained)
         self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason
         try:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
+import shutil
 import threading
 
 import pytest
 import torch
 
 import agents.train as train
-from agents.corpus import build_corpus
+from agents.corpus import KINDS, build_corpus
 from agents.model import GPT, GPTConfig, KVCache, decode, encode
 
 TINY = GPTConfig(vocab_size=64, block_size=32, n_layer=6, n_head=2, n_embd=16)
@@ -163,12 +166,21 @@ def test_encode_decode_round_trip():
     assert decode(ids[:-1]).endswith("\ufffd")  # a cut multi-byte character is replaced, not an error
 
 
-def test_corpus_is_deterministic_and_non_trivial():
+def test_corpus_is_deterministic_and_mixes_code_docstrings_and_prose():
     first, second = build_corpus(), build_corpus()
     assert first.train == second.train and first.val == second.val and first.sha256 == second.sha256
     assert len(first.train) > 1_000_000 and len(first.val) > 100_000
-    assert b"def " in first.train and b"import " in first.val
-    assert not any(part in ("test", "site-packages") for path in first.files for part in path.split("/")[:-1])
+    kinds = {s.kind: s for s in first.kinds}
+    assert list(kinds) == list(KINDS)
+    total = sum(s.train_bytes + s.val_bytes for s in first.kinds)
+    for stats in first.kinds:
+        assert 0.1 < (stats.train_bytes + stats.val_bytes) / total < 0.8, stats  # a mix, not one kind
+        assert 0.05 < stats.val_bytes / (stats.train_bytes + stats.val_bytes) < 0.2, stats  # ~10% held out
+    val = dict(first.val_by_kind)
+    assert b"def " in val["code"] and b"import " in val["code"]
+    assert b"def " not in val["docstrings"][:10_000] and b"the " in val["docstrings"]
+    for kind, held_out in first.val_by_kind:
+        assert held_out[1000:1200] not in first.train, kind  # held-out documents are not in training
 
 
 def test_load_model_rejects_unknown_name(tmp_path):
@@ -180,11 +192,12 @@ def test_load_model_rejects_unknown_name(tmp_path):
 @pytest.fixture
 def tiny_recipe(monkeypatch):
     """Swap the real recipe for one that trains in well under a second, and count the trainings."""
-    tiny_train = train.TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1, eval_windows=4)
+    tiny_train = train.TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1)
     byte_level = dataclasses.replace(TINY, vocab_size=256)  # the corpus holds every byte value
     models = {"target": dataclasses.replace(byte_level, n_layer=2), "draft": dataclasses.replace(byte_level, n_layer=1)}
     monkeypatch.setattr(train, "MODEL_CONFIGS", models)
     monkeypatch.setattr(train, "TRAIN_CONFIGS", {"target": tiny_train, "draft": tiny_train})
+    monkeypatch.setattr(train, "EVAL_WINDOWS_PER_KIND", 2)
     calls = []
     real_train_model = train.train_model
 
@@ -196,18 +209,20 @@ def tiny_recipe(monkeypatch):
     return calls
 
 
-def test_training_is_cached_shared_and_keyed_by_recipe(tmp_path, monkeypatch, tiny_recipe):
+def test_a_changed_recipe_trains_into_the_cache_once_shared_and_keyed(tmp_path, monkeypatch, tiny_recipe):
+    assert train.needs_training(tmp_path)  # the shipped weights are for the real recipe, not this one
     results = []
     workers = [threading.Thread(target=lambda: results.append(train.ensure_trained(tmp_path))) for _ in range(3)]
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(timeout=60)
+        worker.join(timeout=120)
     assert tiny_recipe == ["target", "draft"]  # the lock let exactly one caller train
     assert len({result["key"] for result in results}) == 1
     meta = results[0]
-    assert set(meta) >= {"target", "draft", "unigram_val_loss", "corpus_bytes", "train_seconds"}
-    assert meta["target"]["params"] == train.load_model("target", tmp_path).num_params()
+    assert meta["source"] == "cache" and set(meta["models"]) == {"target", "draft"}
+    assert meta["models"]["target"]["params"] == train.load_model("target", tmp_path).num_params()
+    assert not train.needs_training(tmp_path)
 
     draft = train.load_model("draft", tmp_path)
     assert not draft.training and next(draft.parameters()).dtype == torch.float32
@@ -222,20 +237,77 @@ def test_training_is_cached_shared_and_keyed_by_recipe(tmp_path, monkeypatch, ti
 def test_training_is_deterministic(tmp_path, tiny_recipe):
     first = train.ensure_trained(tmp_path / "a")
     second = train.ensure_trained(tmp_path / "b")
-    assert first["target"]["val_loss"] == second["target"]["val_loss"]
+    assert first["models"]["target"]["val_loss"] == second["models"]["target"]["val_loss"]
     for name in ("target", "draft"):
         a, b = train.load_model(name, tmp_path / "a"), train.load_model(name, tmp_path / "b")
         for (key, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(pa, pb), key
 
 
-@pytest.mark.slow
+# ---- the shipped weights (agents/weights/) ----
+
+
+def test_shipped_weights_match_the_recipe_and_load():
+    meta = train.read_shipped()
+    assert meta is not None, f"{train.WEIGHTS_DIR}: missing, or not for recipe {train.recipe_hash()[:16]}; see the log"
+    assert meta["key"] == train.recipe_hash() and meta["source"] == "shipped"
+    assert not train.needs_training()
+    for name, config in train.MODEL_CONFIGS.items():
+        path = train.WEIGHTS_DIR / meta["models"][name]["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["models"][name]["sha256"]
+        assert all(v.dtype == torch.float16 for v in torch.load(path, weights_only=True).values())
+        model = train.load_model(name)
+        assert model.config == config and model.num_params() == meta["models"][name]["params"]
+        assert not model.training and next(model.parameters()).dtype == torch.float32
+
+
+def test_shipped_weights_are_found_again_by_a_changed_file(tmp_path, monkeypatch):
+    for path in train.WEIGHTS_DIR.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setattr(train, "WEIGHTS_DIR", tmp_path)
+    assert train.read_shipped() is not None
+    draft = tmp_path / train.read_shipped()["models"]["draft"]["file"]
+    data = bytearray(draft.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the tensor data
+    draft.write_bytes(bytes(data))
+    assert train.read_shipped() is None  # a corrupt (or Git LFS pointer) file is not loaded
+
+
 @torch.inference_mode()
-def test_trained_models_learned_and_decode_consistently():
-    """Loads (training once, ~2-3 minutes, if not cached) the real target."""
-    meta = train.ensure_trained()
-    assert meta["target"]["val_loss"] < meta["draft"]["val_loss"] < meta["unigram_val_loss"]
-    assert meta["target"]["val_loss"] < meta["unigram_val_loss"] - 0.5
+def test_shipped_fp16_weights_give_the_recorded_loss():
+    meta = train.read_shipped()
+    corpus = build_corpus()
+    if corpus.sha256 != meta["corpus"]["sha256"]:
+        pytest.skip(f"this machine builds corpus {corpus.sha256[:16]}, the weights were trained on {meta['corpus']['sha256'][:16]}")
+    for name in train.MODEL_CONFIGS:
+        loss = train.evaluate(train.load_model(name), corpus, train.QUICK_EVAL_WINDOWS_PER_KIND)["val_loss"]
+        assert loss == pytest.approx(meta["models"][name]["quick_val_loss_fp16"], abs=1e-3), name
+        recorded = meta["models"][name]
+        assert abs(recorded["val_loss_fp16"] - recorded["val_loss"]) < train.FP16_TOLERANCE_NATS
+
+
+def test_shipped_models_beat_the_baselines():
+    meta = train.read_shipped()
+    models = meta["models"]
+    assert models["target"]["val_loss"] < min(models["draft"]["val_loss"], meta["previous_recipe"]["val_loss"])
+    assert all(stats["val_loss"] < meta["unigram_val_loss"] - 0.5 for stats in models.values())
+
+
+def longest_run(ids: list[int]) -> int:
+    return max(sum(1 for _ in group) for _, group in itertools.groupby(ids))
+
+
+CODE_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    "
+
+
+@pytest.mark.parametrize("name", ["target", "target-deep"])
+def test_greedy_decoding_from_a_code_prompt_is_not_degenerate(name):
+    ids = train.generate(train.load_model(name), CODE_PROMPT, 80)
+    assert len(set(ids)) >= 10 and longest_run(ids) <= 16, repr(decode(ids))
+
+
+@torch.inference_mode()
+def test_trained_target_decodes_staged_and_cached_as_one_forward():
     model = train.load_model("target")
     prompt = torch.tensor([encode("import os\n\ndef main(")])
     caches = [KVCache(model.config, n, 1) for n in (2, 2, 2)]

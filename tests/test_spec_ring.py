@@ -6,6 +6,8 @@ temperature 0 each draft is accepted with probability exactly alpha, so Gamma is
 Gamma(alpha, K) itself (within 5%, from ~400 rounds).
 """
 
+import itertools
+
 import pytest
 
 from tests.ringutil import rate_tolerance, ring_scenario, run
@@ -17,12 +19,16 @@ LONG_RING_MS = [20.0, 20.0, 20.0]
 STAGE_MS = 3.0
 DRAFT_MS = 5.0  # the paper's c_d; above the calibrated draft's real per-token cost (a full target step, 1.5-4 ms)
 ALPHA, K = 0.8, 4
+GREEDY_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    "  # the target's greedy output from here is code
 
 
 def test_greedy_speculation_is_token_for_token_plain_greedy():
-    plain = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48))
-    spec = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48, mode="speculative", k=4))
+    plain = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48, prompt=GREEDY_PROMPT))
+    spec = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=0.0, tokens=48, mode="speculative", k=4, prompt=GREEDY_PROMPT))
     assert spec.spec.draft == "trained" and spec.spec.rounds > 5
+    # Only a non-degenerate output makes the equality below mean something (one repeated byte matches trivially).
+    ids = plain.token_ids
+    assert len(set(ids)) >= 10 and max(len(list(run_)) for _, run_ in itertools.groupby(ids)) <= 16, ids
     assert spec.token_ids[:48] == plain.token_ids
     assert spec.spec.alpha > 0.3  # the trained draft agrees with the target most of the time
 
