@@ -195,6 +195,7 @@ class Launcher:
         listen = self.listen = {i: (host_of[i], listening[i]["port"]) for i in everyone}
         self.runlog.phase = "connecting"
         peers = await self.shaper.connect(listen)
+        self.runlog.shaper_facts = self.shaper.describe()
         for handle in self.agents:
             # every directed link of the scenario out of this stage, as the shaper wired it
             out = {str(dst): list(address) for (src, dst), address in peers.items() if src == handle.stage}

@@ -83,6 +83,7 @@ class RunLog:
         self.metrics_url = metrics_url
         self.shaper = "?"
         self.shaper_reason = ""
+        self.shaper_facts: dict = {}
         self.phase = "starting"
         self.started_at = time.monotonic()
         self.laps: list[LapRecord] = []

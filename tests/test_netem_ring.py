@@ -105,6 +105,7 @@ def test_summary_contract(ring):
                 "measured_tok_s", "predicted_tok_s", "per_hop", "overhead_ms_per_hop", "self_check"):
         assert key in s.to_dict()
     assert s.shaper == "netem" and s.stages == scenario.n_stages
+    assert sorted(link["link"] for link in s.shaper_facts["links"]) == sorted(link.name for link in scenario.links)
     assert list(s.hops_ms) == [link.delay_ms for link in scenario.ring]
     assert s.t_ring_s == pytest.approx(scenario.t_ring_s)
     assert s.ttft.measured_s >= s.t_ring_s

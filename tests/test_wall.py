@@ -75,5 +75,5 @@ def test_summary_contract(rings):
     for key in ("scenario", "shaper", "stages", "hops_ms", "tokens", "laps", "wall_s", "compute_s", "t_ring_s",
                 "measured_tok_s", "predicted_tok_s", "per_hop", "overhead_ms_per_hop"):
         assert key in s.to_dict()
-    assert s.shaper == "userspace" and s.stages == 3
+    assert s.shaper == "userspace" and s.stages == 3 and s.shaper_facts["backend"] == "userspace"
     assert s.ttft.measured_s >= s.t_ring_s

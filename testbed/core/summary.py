@@ -125,6 +125,7 @@ class RunSummary(JsonRecord):
     text: str = ""
     token_ids: tuple[int, ...] = ()
     generated_tokens: int | None = None
+    shaper_facts: dict = field(default_factory=dict)  # what the backend set up and read back (Shaper.describe())
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
 
     @property
