@@ -60,10 +60,10 @@ class Scenario:
 # --- loading -----------------------------------------------------------------------------------
 
 _TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale"}
-_STAGE_KEYS = {"name", "compute_ms", "layers"}
+_STAGE_KEYS = {f.name for f in fields(StageConfig)}
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
-_LINK_KEYS = {"src", "dst", "delay_ms", "jitter_ms", "loss_pct", "rate_mbit"}
-_DECODE_KEYS = set(DecodeConfig.__dataclass_fields__)
+_LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
+_DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
 
 
 def builtin_names() -> list[str]:
