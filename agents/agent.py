@@ -14,7 +14,6 @@ stdin closing means the launcher is gone or done: the agent exits.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from agents.checkpoint import _atomic_write, _load_state, _locked, _save_fp16, _sha256, _threads, _write_json
 from agents.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
-from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, decode_ms, generate, report, unigram_loss
+from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
 from agents.model import GPT, GPTConfig
 
 log = logging.getLogger(__name__)

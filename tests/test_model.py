@@ -14,6 +14,7 @@ import torch
 import agents.train as train
 from agents.corpus import KINDS, build_corpus
 from agents.model import GPT, GPTConfig, KVCache, decode, encode
+from agents.measure import generate
 
 TINY = GPTConfig(vocab_size=64, block_size=32, n_layer=6, n_head=2, n_embd=16)
 STAGES = [(0, 2), (2, 4), (4, 6)]
@@ -302,7 +303,7 @@ CODE_PROMPT = "def add(a, b):\n    return "  # after a deep indentation greedy s
 
 def test_greedy_decoding_from_a_code_prompt_is_not_degenerate():
     # target-deep (16 x 64, undertrained: 2.45 nats/byte) is not held to this yet: see README, The models
-    ids = train.generate(train.load_model("target"), CODE_PROMPT, 80)
+    ids = generate(train.load_model("target"), CODE_PROMPT, 80)
     assert len(set(ids)) >= 10 and longest_run(ids) <= 16, repr(decode(ids))
 
 

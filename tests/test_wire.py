@@ -1,6 +1,5 @@
 """Wire format: round trips, and every malformed field is rejected with a message that names it."""
 
-import struct
 
 import numpy as np
 import pytest
