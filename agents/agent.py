@@ -8,6 +8,7 @@ Launcher -> agent, JSON lines on stdin:
 Agent -> launcher, JSON lines on the control fd:
     {"event": "listening", "port": P}  {"event": "ready"}  {"event": "probe", "record": LapRecord}
     {"event": "lap", "record": LapRecord}  {"event": "done", "tokens": N}  {"event": "error", "message": ...}
+    {"event": "finished"}   a middle stage passed the entry's SHUTDOWN on: its exit from here on is normal
 stdin closing means the launcher is gone or done: the agent exits.
 """
 
@@ -46,6 +47,7 @@ class AgentSpec(JsonRecord):
     model: str = "target"
     listen_host: str = "127.0.0.1"
     threads: int = 1
+    dilation: float = 1.0  # time dilation D: compute_ms and decode times are already multiplied by it
 
 
 class Control:
@@ -69,7 +71,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     model = load_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
     ring = RingClient(PipelineStage(model, plan), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
-                      report=control.send, log=lambda message: log(spec, message))
+                      report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 
@@ -103,6 +105,8 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
             control.send("done", {"tokens": tokens})
         else:
             await ring.serve()
+            # The SHUTDOWN still has hops to go before the entry reports "done": say that exiting is expected.
+            control.send("finished")
         nursery.cancel_scope.cancel()
 
 

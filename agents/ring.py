@@ -37,11 +37,14 @@ class RingClient:
 
     def __init__(self, stage: PipelineStage, stage_index: int, n_stages: int, compute_ms: float, *, mode: str,
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, dilation: float = 1.0) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
-        self.compute_s = compute_ms / 1e3
+        self.compute_s = compute_ms / 1e3  # already dilated by the launcher
+        # Under time dilation D the real forward passes are padded to D times their length too, so that in the
+        # scenario's time (the box's / D) they take what they took (testbed.dilation).
+        self.dilation = dilation
         self.mode = mode
         self.report_event = report
         self.clock = clock
@@ -136,7 +139,7 @@ class RingClient:
             start = self.clock.now()
             hidden = self.stage.run(frame.tensor, frame.pos)
             real_end = self.clock.now()
-            await self.clock.sleep_until(start + self.compute_s)
+            await self.clock.sleep_until(start + max(self.compute_s, self.dilation * (real_end - start)))
             await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden))
 
     # --- entry stage ---------------------------------------------------------------------------
@@ -177,7 +180,8 @@ class RingClient:
         result = decide(self.stage.logits(hidden))
         head_real_end = self.clock.now()
         front = front_real_end - start
-        await self.clock.sleep_until(max(head_real_end, head_start + self.compute_s - front))
+        real = front + head_real_end - head_start
+        await self.clock.sleep_until(max(head_real_end, head_start + max(self.compute_s, self.dilation * real) - front))
         end = self.clock.now()
         record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
                            HeadTiming(head_start, head_real_end, end))

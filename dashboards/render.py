@@ -69,6 +69,10 @@ def _title_bar(summary: RunSummary | None, width: int) -> Text:
     title.append(summary.shaper if summary is not None else "?", style="bold")
     if summary is not None and summary.shaper_reason:
         title.append(f" ({summary.shaper_reason})")
+    if summary is not None and summary.dilation is not None:  # every figure below is in scenario time
+        title.append("  dilation ")
+        title.append(f"x{summary.dilation.factor:g}", style="bold")
+        title.append(" (scenario time)")
     title.pad_right(max(0, width - title.cell_len))
     title.truncate(width, overflow="ellipsis")
     return title
@@ -303,6 +307,7 @@ def render_line(summary: RunSummary | None) -> str:
         summary.scenario,
         f"phase={summary.phase or '-'}",
         f"shaper={summary.shaper or '-'}",
+        f"dilation={summary.dilation.factor if summary.dilation else 1:g}",
         f"stages={summary.stages}",
         f"T_ring={summary.t_ring_s * 1e3:.1f}ms",
         f"C={_fmt(_ms(summary.compute_s), '.1f', '-')}ms",
@@ -329,6 +334,9 @@ def render_summary(summaries: Sequence[RunSummary]) -> Table:
     any_spec = any(s.spec is not None for s in summaries)
     shapers = sorted({s.shaper for s in summaries if s.shaper})
     title = "measured vs predicted" + (f" (shaper {', '.join(shapers)})" if shapers else "")
+    factors = sorted({s.dilation.factor for s in summaries if s.dilation is not None})
+    if factors:
+        title += f", time dilation x{'/'.join(f'{d:g}' for d in factors)} (figures in scenario time)"
     table = Table(title=title, title_justify="left", title_style="bold", header_style="bold",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column("phase", no_wrap=True)

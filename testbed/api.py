@@ -52,13 +52,15 @@ def ensure_models(notify: Callable[[str], None] | None = None) -> dict:
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
-        overrides: list[str] | None = None, log: Callable[[str], None] | None = None, **keys: Any) -> RunSummary:
-    """Run one scenario to completion (blocking) and return its summary."""
+        overrides: list[str] | None = None, log: Callable[[str], None] | None = None, dilation: float | str = "auto",
+        compensate: bool = False, **keys: Any) -> RunSummary:
+    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.dilation)."""
     from testbed.launcher import run_scenario
 
     sc = scenario(name_or_path, tokens=tokens, overrides=overrides, **keys)
     ensure_models()
-    return trio.run(lambda: run_scenario(sc, shaper, log=log or (lambda message: None)))
+    return trio.run(lambda: run_scenario(sc, shaper, log=log or (lambda message: None), dilation=dilation,
+                                         compensate=compensate))
 
 
 def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float | None = None, rounds: int = 30,
@@ -72,6 +74,7 @@ def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float 
 
 
 def sweep(name_or_path: str, ks: list[int], *, alpha: float | None = None, rounds: int = 30, shaper: str = "auto",
-          overrides: list[str] | None = None, **keys: Any) -> RunSummary:
+          overrides: list[str] | None = None, dilation: float | str = "auto", **keys: Any) -> RunSummary:
     """One speculative K sweep (one run); `summary.spec.per_k` has measured vs predicted per K."""
-    return run(sweep_scenario(name_or_path, ks, alpha=alpha, rounds=rounds, overrides=overrides, **keys), shaper)
+    return run(sweep_scenario(name_or_path, ks, alpha=alpha, rounds=rounds, overrides=overrides, **keys), shaper,
+               dilation=dilation)

@@ -14,6 +14,7 @@ from testbed.config import Scenario, builtin_names, load_scenario
 from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
+from testbed.dilation import parse_dilation
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -25,6 +26,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, help="tokens to generate (overrides decode.tokens)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")
+    parser.add_argument("--dilation", type=parse_dilation, default="auto", metavar="D|auto",
+                        help="run every delay and compute D times slower, report in the scenario's time (default "
+                             "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
+                             "lap, within a run-time budget; 1 = off)")
+    parser.add_argument("--compensate", action="store_true",
+                        help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
 
 
 def scenario_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Scenario:
@@ -36,12 +43,10 @@ def ensure_models(console: Console) -> dict:
 
 
 async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
-                    dashboard: bool, verbose: bool) -> list[RunSummary]:
+                    dashboard: bool, verbose: bool, options: argparse.Namespace) -> list[RunSummary]:
     """Run scenarios (phases) one after another under one exporter and one live dashboard."""
-    from netem.base import ShaperOptions
-    from netem.select import choose_shaper
     from testbed.collector import RunCollector, serve
-    from testbed.launcher import Launcher, new_run_id
+    from testbed.launcher import Launcher, prepare
     from testbed.runlog import RunLog
     from testbed.summarize import summarize
 
@@ -58,17 +63,21 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
     logs.append(RunLog(scenarios[0], metrics_url=url))
     summaries = []
 
+    def log(message: str) -> None:
+        console.print(message, markup=False, highlight=False)
+
     async def run_phases() -> None:
+        calibrations: dict = {}  # the phases run one ring: it is calibrated once
         for i, scenario in enumerate(scenarios):
-            shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id(),
-                                   options=ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
+            shaper, dilation = await prepare(scenario, shaper_kind, dilation=options.dilation,
+                                             compensate=options.compensate, log=log, echo_agent_stderr=verbose,
+                                             calibrations=calibrations)
+            dilated = f" Dilation: [bold]x{dilation.factor:g}[/bold] (figures in scenario time)." if dilation else ""
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
-                          f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason})")
+                          f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason}).{dilated}")
             if i > 0:
                 logs.append(RunLog(scenario, metrics_url=url))
-            launcher = Launcher(scenario, shaper, logs[-1],
-                                log=lambda m: console.print(m, markup=False, highlight=False),
-                                echo_agent_stderr=verbose)
+            launcher = Launcher(scenario, shaper, logs[-1], log=log, echo_agent_stderr=verbose, dilation=dilation)
             summaries.append(await launcher.run())
 
     if not dashboard:
@@ -100,7 +109,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenarios = [scenario_from_args(args, [f"decode.mode={phase}"] if phase else []) for phase in phases or [None]]
     ensure_models(console)
     summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
-                         args.verbose)
+                         args.verbose, args)
     print_summary(console, summaries)
     if args.json:
         path = Path(args.json)
@@ -128,6 +137,13 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     ranges = split_layers(MODEL_CONFIGS[scenario.model].n_layer, scenario.stages, scenario.source)
     out = [f"# scenario {scenario.name}: {scenario.n_stages} stages, T_ring {scenario.t_ring_s * 1e3:.3f} ms, "
            f"decode {scenario.decode.mode}, model {scenario.model}"]
+    if args.dilation == "auto" or args.compensate:
+        out.append("# dilation: chosen at run time by a calibration run (delays below are undilated; --dilation D "
+                   "shows them dilated)")
+    elif args.dilation != 1.0:
+        out.append(f"# dilation x{args.dilation:g}: the box runs every delay and compute below; figures are reported "
+                   f"in the scenario's time (/ {args.dilation:g})")
+        scenario = scenario.dilated(args.dilation)
     out += [f"# stage {i} {st.name}: layers {first}..{last - 1}, compute {st.compute_ms:g} ms emulated"
             for i, (st, (first, last)) in enumerate(zip(scenario.stages, ranges))]
     _backend, lines = plan_lines(args.shaper, list(scenario.links), scenario.n_stages, new_run_id(),

@@ -60,6 +60,11 @@ class RunCollector:
             buckets, total = _merge([log.modes[kind].lap_seconds for log in logs])
             lap_seconds.add_metric([kind], buckets, total)
         yield from (laps, tokens, lap_seconds)
+        # Every seconds figure above and below is in the scenario's time; Prometheus's rate() divides by the
+        # box's seconds, so rate(testbed_tokens_total) * testbed_time_dilation is the scenario's token rate.
+        yield GaugeMetricFamily("testbed_time_dilation", "Time dilation of the current phase (1 = none): the box runs "
+                                "this many times slower than the scenario", value=current.dilation.factor
+                                if current.dilation is not None else 1.0)
 
         compute = HistogramMetricFamily(
             "testbed_stage_compute_seconds",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,25 @@ class Scenario:
     @property
     def emulated_compute_s(self) -> float:
         return sum(stage.compute_ms for stage in self.stages) / 1e3
+
+    def dilated(self, factor: float, base_ms: tuple[float, ...] = ()) -> "Scenario":
+        """What the box runs under time dilation `factor` (testbed.dilation): every delay, jitter, emulated
+        compute, draft time and RTO multiplied by it, every link rate divided by it (serialization takes
+        `factor` times as long). `base_ms[i]`, the measured base one-way latency of link i at zero configured
+        delay, is subtracted from that link's dilated delay (never below zero): base-path compensation.
+        """
+        if not factor >= 1.0:
+            raise ConfigError(f"expected a dilation factor >= 1, got {factor!r}", source=self.source, key="dilation")
+        if base_ms and len(base_ms) != len(self.links):
+            raise ConfigError(f"expected one base latency per link ({len(self.links)}), got {len(base_ms)}",
+                              source=self.source, key="dilation")
+        links = tuple(replace(link, delay_ms=max(0.0, link.delay_ms * factor - (base_ms[i] if base_ms else 0.0)),
+                              jitter_ms=link.jitter_ms * factor,
+                              rate_mbit=link.rate_mbit / factor if link.rate_mbit else 0.0)
+                      for i, link in enumerate(self.links))
+        stages = tuple(replace(stage, compute_ms=stage.compute_ms * factor) for stage in self.stages)
+        decode = replace(self.decode, draft_ms=self.decode.draft_ms * factor)
+        return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor)
 
 
 # --- loading -----------------------------------------------------------------------------------

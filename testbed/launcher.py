@@ -21,7 +21,7 @@ from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, PeerTimeout
 from testbed.core.records import LapRecord
-from testbed.core.summary import RunSummary
+from testbed.core.summary import DilationSummary, RunSummary
 from testbed.runlog import RunLog
 from testbed.summarize import self_check, summarize
 
@@ -55,8 +55,12 @@ class Launcher:
     """Runs one scenario. `runlog` fills while `run()` is in progress (the dashboard and exporter read it)."""
 
     def __init__(self, scenario: Scenario, shaper: Shaper, runlog: RunLog, *, log: Callable[[str], None] | None = None,
-                 echo_agent_stderr: bool = False) -> None:
+                 echo_agent_stderr: bool = False, dilation: DilationSummary | None = None) -> None:
         self.scenario = scenario
+        # Under time dilation the agents and the shaper run `physical`; lap records come back in scenario time.
+        self.dilation = dilation or DilationSummary()
+        self.physical = scenario.dilated(self.dilation.factor, self.dilation.base_ms if self.dilation.compensate else ())
+        runlog.dilation = dilation
         self.shaper = shaper
         self.runlog = runlog
         self.log = log or (lambda message: print(message, file=sys.stderr))
@@ -66,12 +70,12 @@ class Launcher:
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
 
     def agent_specs(self, n_layers: int) -> list[AgentSpec]:
-        sc = self.scenario
+        sc = self.physical
         ranges = split_layers(n_layers, sc.stages, sc.source)
         runner = MODES[sc.decode.mode].runner
         return [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
                           compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
-                          listen_host=self.shaper.agent_listen_host(i))
+                          listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor)
                 for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
 
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
@@ -95,6 +99,9 @@ class Launcher:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 handle.stderr_tail.append(f"(bad control line) {line}")
+                return
+            if event.get("event") == "finished":  # set here, before supervise() can see the exit
+                handle.finished = True
                 return
             self.events_send.send_nowait((handle.stage, event))
 
@@ -146,13 +153,17 @@ class Launcher:
         if kind == "lap":
             if not self.runlog.laps:
                 self._warn_off_links()
-            self.runlog.add_lap(LapRecord.from_dict(event["record"]))
+            self.runlog.add_lap(self._record(event))
         elif kind == "probe":
-            self.runlog.add_probe(LapRecord.from_dict(event["record"]))
+            self.runlog.add_probe(self._record(event))
         elif kind == "done":
             self.runlog.generated_tokens = int(event["tokens"])
             return True
         return False
+
+    def _record(self, event: dict) -> LapRecord:
+        """A lap record from an agent, in the scenario's time (the box's divided by the dilation)."""
+        return LapRecord.from_dict(event["record"]).time_scaled(1.0 / self.dilation.factor)
 
     def _warn_off_links(self) -> None:
         for check in self_check(self.runlog) or ():
@@ -236,13 +247,37 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:6]
 
 
-async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog: RunLog | None = None,
-                       log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False) -> RunSummary:
-    """Choose the shaper and run one scenario (testbed.api.run wraps this for scripts and notebooks)."""
+async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: float | str = 1.0,
+                  compensate: bool = False, log: Callable[[str], None], echo_agent_stderr: bool = False,
+                  calibrations: dict | None = None) -> tuple[Shaper, DilationSummary | None]:
+    """The shaper for `scenario`'s links as the box runs them, and the time dilation (None: not dilated).
+
+    dilation: a factor >= 1 or "auto" (testbed.dilation); auto and compensate run a short calibration
+    first, kept in `calibrations` (pass one dict to phases of one ring so that they calibrate once).
+    """
     from netem.base import ShaperOptions
     from netem.select import choose_shaper
+    from testbed import dilation as dilation_module
 
-    shaper = choose_shaper(shaper_kind, list(scenario.links), scenario.n_stages, new_run_id(),
-                           options=ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
-    launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr)
+    async def calibrate(calibration: Scenario) -> RunSummary:
+        return await run_scenario(calibration, shaper_kind, log=log, echo_agent_stderr=echo_agent_stderr)
+
+    chosen = await dilation_module.resolve(scenario, dilation, compensate=compensate, log=log, run=calibrate,
+                                           cache=calibrations)
+    physical = scenario.dilated(chosen.factor, chosen.base_ms if chosen.compensate else ())
+    shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_stages, new_run_id(),
+                           options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms))
+    return shaper, (chosen if chosen.requested != "1" or chosen.compensate else None)
+
+
+async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog: RunLog | None = None,
+                       log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False,
+                       dilation: float | str = 1.0, compensate: bool = False,
+                       calibrations: dict | None = None) -> RunSummary:
+    """Choose the shaper (and the dilation) and run one scenario (testbed.api.run wraps this)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    shaper, chosen = await prepare(scenario, shaper_kind, dilation=dilation, compensate=compensate, log=log,
+                                   echo_agent_stderr=echo_agent_stderr, calibrations=calibrations)
+    launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr,
+                        dilation=chosen)
     return await launcher.run()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from testbed.config import Scenario
 from testbed.core.decode import MODES
 from testbed.core.records import LapRecord
+from testbed.core.summary import DilationSummary
 
 DECODE_KINDS = ("decode", "spec")  # laps that produce decode tokens (prefill and probes do not)
 RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
@@ -84,6 +85,7 @@ class RunLog:
         self.shaper = "?"
         self.shaper_reason = ""
         self.shaper_facts: dict = {}
+        self.dilation: DilationSummary | None = None  # the records below are already in scenario time
         self.phase = "starting"
         self.started_at = time.monotonic()
         self.laps: list[LapRecord] = []

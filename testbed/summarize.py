@@ -76,5 +76,5 @@ def summarize(log: RunLog) -> RunSummary:
         ttft=ttft, self_check=self_check(log), spec=mode_summary,
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
-        shaper_facts=log.shaper_facts,
+        shaper_facts=log.shaper_facts, dilation=log.dilation,
     )

@@ -31,7 +31,8 @@ def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, cons
     console.print(f"sweep {scenario.name} ({label}): K = {ks[0]}..{ks[-1]}, {args.rounds} rounds each, "
                   f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
                   f"c_d {scenario.decode.draft_ms:.2f} ms")
-    return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None))
+    return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                         compensate=args.compensate))
 
 
 def per_k_table(summary: RunSummary) -> Table:

@@ -14,7 +14,7 @@ LAYERS = (
     (0, ("testbed.core",)),
     (1, ("agents", "netem")),
     (2, ("testbed.config", "testbed.runlog", "testbed.predict", "testbed.summarize", "testbed.spec_summary",
-         "testbed.collector", "testbed.launcher", "testbed.scenarios")),
+         "testbed.collector", "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
     (3, ("dashboards",)),
     (4, ("testbed",)),  # the top: api, cli, bench, sweep, report
 )

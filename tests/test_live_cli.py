@@ -45,7 +45,7 @@ def test_dashboard_refreshes_under_a_pseudo_terminal(tmp_path):
     if pid == 0:  # child: the CLI, attached to the pseudo-terminal
         os.environ.update(COLUMNS="100", LINES="30", TERM="xterm-256color")
         os.execv(sys.executable, [sys.executable, "-m", "testbed", "run", str(scenario), "--shaper", "userspace",
-                                  "--metrics-port", "0"])
+                                  "--metrics-port", "0", "--dilation", "1"])
     output = b""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
@@ -74,11 +74,11 @@ def test_dashboard_refreshes_under_a_pseudo_terminal(tmp_path):
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed (apt-get install prometheus)")
 def test_prometheus_scrapes_a_running_testbed(tmp_path):
-    scenario = write_scenario(tmp_path, tokens=700)  # ~17 s at ~40 tok/s
+    scenario = write_scenario(tmp_path, tokens=350)  # ~17 s at ~40 tok/s, dilated x2
     port = free_port()
     out = tmp_path / "summary.json"
     run = subprocess.Popen([sys.executable, "-m", "testbed", "run", str(scenario), "--shaper", "userspace",
-                            "--no-dashboard", "--metrics-port", str(port), "--json", str(out)],
+                            "--no-dashboard", "--metrics-port", str(port), "--json", str(out), "--dilation", "2"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     prom, base_url = start_prometheus([f"127.0.0.1:{port}"], tmp_path)
     try:
@@ -86,7 +86,8 @@ def test_prometheus_scrapes_a_running_testbed(tmp_path):
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while run.poll() is None and time.monotonic() < deadline:
             time.sleep(1.0)
-            result = query(base_url, 'rate(testbed_tokens_total{kind="plain"}[5s])')
+            # the counter grows in the box's seconds; times the dilation it is the scenario's rate
+            result = query(base_url, 'rate(testbed_tokens_total{kind="plain"}[5s]) * scalar(testbed_time_dilation)')
             if result and float(result[0]["value"][1]) > 0:
                 rates.append(float(result[0]["value"][1]))
         output, _ = run.communicate(timeout=RUN_TIMEOUT_S)
@@ -94,7 +95,9 @@ def test_prometheus_scrapes_a_running_testbed(tmp_path):
         run.kill()
         stop_prometheus(prom)
     assert run.returncode == 0, output
-    measured = json.loads(out.read_text())["measured_tok_s"]
+    summary = json.loads(out.read_text())
+    measured = summary["measured_tok_s"]
+    assert summary["dilation"]["factor"] == 2
     assert len(rates) >= 3, (rates, output)
     # Prometheus's rate() over the steady middle of the run agrees with the testbed's own figure
     middle = sorted(rates)[len(rates) // 2]
@@ -110,7 +113,7 @@ def test_grafana_hop_latency_quantiles_match_the_runs_own_figures(tmp_path):
     out = tmp_path / "geo.json"
     run = subprocess.Popen([sys.executable, "-m", "testbed", "run", "geo-ring", "--shaper", "userspace",
                             "--set", "scale=0.1", "--tokens", "500", "--phases", "plain,speculative",
-                            "--no-dashboard", "--metrics-port", str(port), "--json", str(out)],
+                            "--no-dashboard", "--metrics-port", str(port), "--json", str(out), "--dilation", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     prom, base_url = start_prometheus([f"127.0.0.1:{port}"], tmp_path)
     empty: list[str] | None = None

@@ -121,7 +121,7 @@ class Run:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "testbed", "run", str(scenario), "--shaper", "netem", "--no-dashboard",
-                 "--metrics-port", "0", "--json", str(self.json)],
+                 "--metrics-port", "0", "--json", str(self.json), "--dilation", "1"],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=dict(os.environ, COLUMNS="200"))
         self.prefix = ""

@@ -104,13 +104,14 @@ class Drafter:
     """Proposes K tokens locally on the entry node, keeping its own KV cache in step with the sequence."""
 
     def __init__(self, model: GPT, kind: str, alpha: float, temperature: float, draft_s: float,
-                 rand: PositionRandom, clock: Clock) -> None:
+                 rand: PositionRandom, clock: Clock, dilation: float = 1.0) -> None:
         self.model = model
         self.clock = clock
         self.kind = kind
         self.alpha = alpha
         self.temperature = temperature
-        self.draft_s = draft_s  # emulated per-token draft time (0 = real time only)
+        self.draft_s = draft_s  # emulated per-token draft time (0 = real time only), already dilated
+        self.dilation = dilation  # real drafting is padded to this many times its length (testbed.dilation)
         self.rand = rand
         self.cache = KVCache(model.config, model.config.n_layer)
         self.fed: list[int] = []  # tokens whose keys/values are in the cache, in order
@@ -148,8 +149,9 @@ class Drafter:
             else:
                 q = probabilities(logits, self.temperature)
             x = sample(q, self.rand.generator(len(context), PositionRandom.DRAFT))
-            real += clock.now() - step
-            clock.spin_until(step + self.draft_s)
+            took = clock.now() - step
+            real += took
+            clock.spin_until(step + max(self.draft_s, self.dilation * took))
             drafts.append(x)
             qs.append(q)
             context.append(x)
@@ -239,7 +241,7 @@ class SpeculativeMode:
         self.rand = PositionRandom(config.seed)
         draft_model = load_model("target" if config.draft == "calibrated" else "draft")
         self.drafter = Drafter(draft_model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3,
-                               self.rand, ring.clock)
+                               self.rand, ring.clock, ring.dilation)
         self.chooser = KChooser(None if config.k == "auto" else int(config.k), config.k_max)
         self.sequence: list[int] = []
         self.generated = 0

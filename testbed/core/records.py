@@ -124,6 +124,7 @@ class LapRecord(JsonRecord):
 
     `kind` is the lap's role ("prefill", "decode", "probe") and `mode` the decode mode that ran it; `extra`
     carries the mode's own per-lap facts (e.g. a speculation round), read back by that mode's summarizer.
+    A key of `extra` that ends in "_s" is a duration in seconds (time_scaled scales it with the stamps).
     """
 
     lap: int
@@ -170,3 +171,26 @@ class LapRecord(JsonRecord):
     @property
     def compute_s(self) -> float:
         return sum(self.stage_compute_s())
+
+    def time_scaled(self, factor: float) -> "LapRecord":
+        """This lap on a clock running `factor` times as fast: every stamp and duration multiplied by it.
+
+        A run under time dilation D is recorded on the box's clock; time_scaled(1 / D) gives it back in the
+        scenario's own time (testbed.dilation).
+        """
+        if factor == 1.0:
+            return self
+
+        def stamp(s: Stamp) -> Stamp:
+            return dataclasses.replace(s, recv=s.recv * factor, compute_start=s.compute_start * factor,
+                                       real_end=s.real_end * factor, compute_end=s.compute_end * factor,
+                                       send=s.send * factor)
+
+        head = None if self.head is None else HeadTiming(self.head.start * factor, self.head.real_end * factor,
+                                                          self.head.end * factor)
+        extra = {key: value * factor if key.endswith("_s") and isinstance(value, int | float)
+                 and not isinstance(value, bool) else value
+                 for key, value in self.extra.items()}
+        return dataclasses.replace(self, start=self.start * factor, end=self.end * factor,
+                                   stamps=tuple(stamp(s) for s in self.stamps), return_recv=self.return_recv * factor,
+                                   head=head, extra=extra)

@@ -47,6 +47,27 @@ class LinkCheck(JsonRecord):
 
 
 @dataclass(frozen=True)
+class DilationSummary(JsonRecord):
+    """How a run was time-dilated (testbed.dilation, after Gupta et al., NSDI'06).
+
+    The box ran every link delay, jitter, emulated compute and real forward pass `factor` times as long
+    (link rates `factor` times lower); every figure of the RunSummary is in the scenario's own time, the
+    box's divided by `factor`, so the testbed's fixed costs (wake-ups, sockets, framing) shrink by `factor`.
+    """
+
+    factor: float = 1.0
+    requested: str = "1"  # "auto" or the number asked for
+    needed: float | None = None  # auto: the D that brings the calibrated overhead to target_overhead_pct
+    cap: float | None = None  # auto: the largest D allowed (DILATION_MAX, and the run-time budget)
+    target_overhead_pct: float | None = None
+    overhead_ms: float | None = None  # calibrated: what a lap costs beyond compute and delays, undilated
+    compensate: bool = False  # base-path compensation: base_ms subtracted from each dilated delay
+    base_ms: tuple[float, ...] = ()  # calibrated one-way latency of each link at zero configured delay
+    applied_ms: tuple[float, ...] = ()  # the delay each link got on the box (dilated, compensated)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SpecRates(JsonRecord):
     """Measured and predicted figures of a set of speculation rounds (a whole run, or those at one K)."""
 
@@ -126,6 +147,7 @@ class RunSummary(JsonRecord):
     token_ids: tuple[int, ...] = ()
     generated_tokens: int | None = None
     shaper_facts: dict = field(default_factory=dict)  # what the backend set up and read back (Shaper.describe())
+    dilation: DilationSummary | None = None  # None: not dilated (factor 1)
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
 
     @property

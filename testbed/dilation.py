@@ -1,0 +1,140 @@
+"""Time dilation: run a scenario D times slower on the box, report it in the scenario's own time.
+
+The testbed's own costs per hop (a process woken after sleeping pays 0.4-1 ms on these VMs; sockets, the
+relay, framing) do not grow with the delays and computes they ride on. Time-warped emulation (Gupta et
+al., NSDI'06) multiplies every link delay, jitter, emulated compute and real forward pass by D (link rates
+divided by D), then divides every measured time by D: the fixed costs shrink by D, the scenario does not
+change. `scale` changes the scenario; dilation does not.
+
+`--dilation auto` calibrates first: a short run of the same ring, plain decode at zero configured delay,
+measures what a lap costs beyond compute (the overhead O, with each hop's base one-way latency); then D is
+the smallest whole number with O / D <= TARGET_OVERHEAD of the lap C + T_ring, capped at DILATION_MAX and
+by the run-time budget (the dilated decode may take at most BUDGET_S), so a short ring gets a large D and
+a long one, where O is already small, gets 1-2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Awaitable, Callable
+
+from testbed.config import Scenario
+from testbed.core.decode import DecodeConfig
+from testbed.core.errors import ConfigError
+from testbed.core.summary import DilationSummary, RunSummary
+
+TARGET_OVERHEAD = 0.003  # the overhead auto aims at, as a fraction of the lap
+DILATION_MAX = 64.0
+BUDGET_S = 40.0  # auto keeps the dilated decode of a run (tokens x lap x D) within this many seconds
+CALIBRATION_TOKENS = 12
+
+
+def parse_dilation(value: str | float) -> float | str:
+    """--dilation: "auto" or a number >= 1."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        factor = float(value)
+    except (TypeError, ValueError):
+        factor = float("nan")
+    if not (1.0 <= factor <= DILATION_MAX):
+        raise ConfigError(f"expected a number in [1, {DILATION_MAX:g}] or auto, got {value!r}", key="--dilation")
+    return factor
+
+
+def calibration_scenario(scenario: Scenario) -> Scenario:
+    """The same stages and links at zero delay, jitter and loss (rates kept), decoding plain for a few laps.
+
+    Everything else is reset to defaults, so that the phases of one ring (plain, speculative) share it.
+    """
+    links = tuple(dataclasses.replace(link, delay_ms=0.0, jitter_ms=0.0, loss_pct=0.0) for link in scenario.links)
+    decode = DecodeConfig(mode="plain", tokens=CALIBRATION_TOKENS, prompt=scenario.decode.prompt)
+    return dataclasses.replace(scenario, name=f"{scenario.name}-calibration", description="", links=links,
+                               decode=decode)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    base_ms: tuple[float, ...]  # per link (ring hops measured; other links 0)
+    overhead_ms: float  # per lap: duration - compute at zero delay
+    compute_s: float  # mean C per lap
+
+
+def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
+    """What the calibration run measured: per-hop base latency (p50) and the per-lap overhead."""
+    if not summary.laps or summary.measured_tok_s is None or summary.compute_s is None:
+        raise ConfigError("the calibration run produced no decode laps", key="--dilation")
+    ring = [h.measured_ms_p50 or 0.0 for h in summary.per_hop]
+    base = tuple(max(0.0, ring[i]) if i < len(ring) else 0.0 for i in range(len(scenario.links)))
+    lap_s = 1.0 / summary.measured_tok_s  # plain decode: one token per lap
+    return Calibration(base, max(0.0, (lap_s - summary.compute_s) * 1e3), summary.compute_s)
+
+
+def planned_laps(scenario: Scenario) -> int:
+    """Decode laps the run will take at most (one token a lap; a K sweep runs its rounds)."""
+    decode = scenario.decode
+    return max(1, decode.rounds_per_k * len(decode.k_sweep) if decode.k_sweep else decode.tokens)
+
+
+def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S) -> float:
+    """The largest whole D (<= DILATION_MAX) whose dilated decode fits in budget_s."""
+    lap_s = compute_s + scenario.t_ring_s
+    if lap_s <= 0:
+        return DILATION_MAX
+    return float(max(1, min(DILATION_MAX, math.floor(budget_s / (planned_laps(scenario) * lap_s)))))
+
+
+def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = False,
+           target: float = TARGET_OVERHEAD, budget_s: float = BUDGET_S) -> DilationSummary:
+    """The smallest whole D with (overhead / D) <= target x lap, within DILATION_MAX and the budget."""
+    lap_s = calibration.compute_s + scenario.t_ring_s
+    overhead_ms = calibration.overhead_ms
+    if compensate:  # the compensated part of each hop is taken out of the delay; what is left is the residual
+        overhead_ms = max(0.0, overhead_ms - sum(calibration.base_ms[: len(scenario.ring)]))
+    needed = overhead_ms / 1e3 / (target * lap_s) if lap_s > 0 else DILATION_MAX
+    cap = budget_cap(scenario, calibration.compute_s, budget_s)
+    factor = float(min(cap, max(1, math.ceil(needed))))
+    why = (f"overhead {overhead_ms:.2f} ms per lap of {lap_s * 1e3:.1f} ms needs D >= {needed:.1f} for "
+           f"{target * 100:g}%; cap {cap:g} (max {DILATION_MAX:g}, {budget_s:g} s budget for {planned_laps(scenario)} "
+           f"laps)")
+    return summary_for(scenario, factor, "auto", calibration if compensate else None, needed=needed, cap=cap,
+                       target=target, overhead_ms=calibration.overhead_ms, reason=why)
+
+
+def summary_for(scenario: Scenario, factor: float, requested: str, calibration: Calibration | None = None,
+                **facts) -> DilationSummary:
+    """The DilationSummary of running `scenario` at `factor` (compensated when a calibration is given)."""
+    base = calibration.base_ms if calibration is not None else ()
+    applied = scenario.dilated(factor, base).links
+    return DilationSummary(factor=factor, requested=requested, compensate=calibration is not None,
+                           base_ms=tuple(base), applied_ms=tuple(link.delay_ms for link in applied),
+                           target_overhead_pct=facts.pop("target", TARGET_OVERHEAD) * 100, **facts)
+
+
+async def resolve(scenario: Scenario, requested: float | str, *, compensate: bool,
+                  run: Callable[[Scenario], Awaitable[RunSummary]], log: Callable[[str], None],
+                  cache: dict | None = None) -> DilationSummary:
+    """The dilation to run `scenario` at; `run(scenario)` runs the calibration when one is needed (and it
+    is not in `cache` already: the same stages and links calibrate once)."""
+    requested = parse_dilation(requested)
+    if requested == "auto" and not compensate and budget_cap(scenario, scenario.emulated_compute_s) <= 1:
+        return summary_for(scenario, 1.0, "auto", reason=f"the run already takes the {BUDGET_S:g} s budget at D = 1")
+    if requested == "auto" or compensate:
+        probe = calibration_scenario(scenario)
+        calibration = cache.get(probe) if cache is not None else None
+        if calibration is None:
+            log(f"dilation: calibrating {scenario.name} at zero delay ({CALIBRATION_TOKENS} laps)...")
+            calibration = calibration_from(await run(probe), scenario)
+            if cache is not None:
+                cache[probe] = calibration
+        if requested == "auto":
+            chosen = choose(scenario, calibration, compensate=compensate)
+        else:
+            chosen = summary_for(scenario, float(requested), f"{requested:g}", calibration,
+                                 overhead_ms=calibration.overhead_ms, reason="as requested")
+        log(f"dilation: D = {chosen.factor:g} ({chosen.reason}); base one-way "
+            f"{', '.join(f'{b:.2f}' for b in chosen.base_ms or calibration.base_ms)} ms")
+        return chosen
+    return summary_for(scenario, float(requested), f"{float(requested):g}", reason="as requested")
+

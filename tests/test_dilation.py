@@ -1,0 +1,243 @@
+"""Time dilation (testbed.dilation): the box runs D times slower, the figures come back in scenario time.
+
+Unit tests pin the arithmetic (records, scenarios, the choice of D); the slow tests run real rings side by
+side undilated and dilated, and check that dilation divides the testbed's overhead by D while the
+scenario's own figures (the wall, every hop's delay) stay where they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trio
+
+from testbed.config import load_scenario
+from testbed.core import physics
+from testbed.core.errors import ConfigError
+from testbed.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
+                              calibration_scenario, choose, parse_dilation, resolve)
+from testbed.runlog import RunLog
+from testbed.summarize import summarize
+from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
+from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, rate_tolerance, ring_scenario, run
+
+
+def test_a_time_scaled_lap_scales_every_stamp_and_duration():
+    lap = fake_lap(3, 10.0, spec=True)
+    half = lap.time_scaled(0.5)
+    assert half.duration_s == pytest.approx(lap.duration_s / 2)
+    assert half.hop_latencies_s() == pytest.approx([h / 2 for h in lap.hop_latencies_s()])
+    assert half.stage_compute_s() == pytest.approx([c / 2 for c in lap.stage_compute_s()])
+    assert half.stage_real_s() == pytest.approx([c / 2 for c in lap.stage_real_s()])
+    assert half.extra["draft_s"] == pytest.approx(SPEC_DRAFT_S / 2)  # "_s" keys are durations
+    assert half.extra["k"] == lap.extra["k"] and half.extra["accepted"] == lap.extra["accepted"]
+    assert half.ids == lap.ids and half.tokens == lap.tokens
+    assert lap.time_scaled(1.0) is lap
+
+
+def test_a_dilated_run_log_summarizes_to_the_undilated_figures():
+    """Laps recorded on a box running D x slower, scaled back by 1/D, give the scenario's own figures."""
+    d = 8.0
+    plain, dilated = RunLog(fake_scenario("plain")), RunLog(fake_scenario("plain"))
+    for i in range(20):
+        plain.add_lap(fake_lap(i, i * 0.1, spec=False))
+        slow = fake_lap(i, i * 0.1, spec=False).time_scaled(d)  # what the box would have stamped
+        dilated.add_lap(slow.time_scaled(1 / d))
+    a, b = summarize(plain), summarize(dilated)
+    assert b.measured_tok_s == pytest.approx(a.measured_tok_s)
+    assert b.predicted_tok_s == pytest.approx(a.predicted_tok_s)
+    for hop_a, hop_b, delay in zip(a.per_hop, b.per_hop, HOP_DELAYS_S):
+        assert hop_b.measured_ms_p50 == pytest.approx(hop_a.measured_ms_p50)
+        assert hop_b.measured_ms_p50 == pytest.approx((delay + HOP_OVERHEAD_S) * 1e3)
+
+
+def test_a_dilated_scenario_multiplies_times_and_divides_rates():
+    sc = load_scenario("geo-ring", ["network.rate_mbit=100", "network.jitter_ms=2"])
+    slow = sc.dilated(4.0)
+    assert [link.delay_ms for link in slow.links] == pytest.approx([4 * link.delay_ms for link in sc.links])
+    assert [link.jitter_ms for link in slow.links] == pytest.approx([8.0] * 3)
+    assert [link.rate_mbit for link in slow.links] == pytest.approx([25.0] * 3)
+    assert [st.compute_ms for st in slow.stages] == pytest.approx([44.0] * 3)
+    assert slow.decode.draft_ms == pytest.approx(4 * sc.decode.draft_ms)
+    assert slow.loss_rto_ms == pytest.approx(4 * sc.loss_rto_ms)
+    assert slow.t_ring_s == pytest.approx(4 * sc.t_ring_s)
+    assert sc.dilated(1.0) == sc
+    # base-path compensation: the base latency comes off each dilated delay, never below zero
+    compensated = sc.dilated(2.0, (1.0, 100.0, 500.0))
+    assert [link.delay_ms for link in compensated.links] == pytest.approx([259.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("bad", [0.5, 0.0, -2.0, float("nan")])
+def test_a_dilation_below_one_is_an_error(bad):
+    with pytest.raises(ConfigError, match="dilation"):
+        load_scenario("geo-ring").dilated(bad)
+
+
+def test_compensation_needs_one_base_latency_per_link():
+    with pytest.raises(ConfigError, match="one base latency per link"):
+        load_scenario("geo-ring").dilated(2.0, (1.0,))
+
+
+@pytest.mark.parametrize("text, expected", [("auto", "auto"), ("AUTO", "auto"), ("8", 8.0), ("1", 1.0), (2.5, 2.5)])
+def test_parse_dilation(text, expected):
+    assert parse_dilation(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0.5", "fast", "", "1000"])
+def test_parse_dilation_names_the_flag_and_the_range(text):
+    with pytest.raises(ConfigError, match=r"--dilation.*\[1, 64\] or auto"):
+        parse_dilation(text)
+
+
+def test_auto_picks_the_smallest_whole_d_that_meets_the_target():
+    sc = load_scenario("table2-regional")  # lap ~54 ms: a few ms of overhead needs D in the tens
+    calibration = Calibration(base_ms=(1.0, 1.0, 1.0), overhead_ms=4.0, compute_s=0.033)
+    lap_s = 0.033 + sc.t_ring_s
+    chosen = choose(sc, calibration, budget_s=1e9)
+    needed = 4.0e-3 / (TARGET_OVERHEAD * lap_s)
+    assert chosen.needed == pytest.approx(needed)
+    assert chosen.factor == min(DILATION_MAX, float(int(needed) + 1))
+    assert (4.0e-3 / chosen.factor) <= TARGET_OVERHEAD * lap_s < 4.0e-3 / (chosen.factor - 1)
+    assert chosen.applied_ms == pytest.approx(tuple(chosen.factor * link.delay_ms for link in sc.links))
+    # compensation takes the hops' base out of the overhead that dilation must shrink
+    compensated = choose(sc, calibration, compensate=True, budget_s=1e9)
+    assert compensated.needed == pytest.approx(1.0e-3 / (TARGET_OVERHEAD * lap_s))
+    assert compensated.applied_ms == pytest.approx(tuple(compensated.factor * link.delay_ms - 1.0
+                                                         for link in sc.links))
+
+
+def test_auto_stays_within_the_run_time_budget():
+    sc = load_scenario("geo-ring")  # 48 tokens x 313 ms: a 40 s budget allows D = 2
+    chosen = choose(sc, Calibration(base_ms=(1.0,) * 3, overhead_ms=6.0, compute_s=0.033))
+    lap_s = 0.033 + sc.t_ring_s
+    assert chosen.cap == int(BUDGET_S / (sc.decode.tokens * lap_s)) == 2
+    assert chosen.factor == 2 < chosen.needed
+    assert "budget" in chosen.reason
+
+
+def canned_calibration(scenario, base_ms: float, residual_ms: float):
+    """A summary of a calibration run of `scenario`: every hop base_ms, plus residual_ms per lap."""
+    log = RunLog(scenario)
+    n = scenario.n_stages
+    for i in range(CALIBRATION_TOKENS):
+        lap = fake_lap(i, i * 0.1, spec=False)
+        stamps, t = [], lap.start
+        for j, stamp in enumerate(lap.stamps):
+            compute = stamp.compute_end - stamp.compute_start
+            recv = t if j == 0 else t + base_ms / 1e3
+            stamps.append(dataclasses.replace(stamp, recv=recv, compute_start=recv, real_end=recv,
+                                              compute_end=recv + compute, send=recv + compute))
+            t = recv + compute
+        ret = t + base_ms / 1e3
+        head = dataclasses.replace(lap.head, start=ret, real_end=ret, end=ret)
+        log.add_lap(dataclasses.replace(lap, stamps=tuple(stamps), return_recv=ret, head=head,
+                                        end=ret + residual_ms / 1e3))
+    assert n == len(log.scenario.ring)
+    return summarize(log)
+
+
+def test_resolve_calibrates_once_per_ring_and_reads_base_and_overhead():
+    sc = fake_scenario("plain")
+    runs = []
+
+    async def fake_run(calibration):
+        runs.append(calibration)
+        assert all(link.delay_ms == 0 for link in calibration.links)
+        assert calibration.decode.mode == "plain" and calibration.decode.tokens == CALIBRATION_TOKENS
+        return canned_calibration(fake_scenario("plain"), base_ms=0.5, residual_ms=0.4)
+
+    cache: dict = {}
+
+    async def main():
+        first = await resolve(sc, "auto", compensate=False, run=fake_run, log=lambda m: None, cache=cache)
+        spec = dataclasses.replace(sc, decode=dataclasses.replace(sc.decode, mode="speculative", k=8))
+        second = await resolve(spec, "auto", compensate=True, run=fake_run, log=lambda m: None, cache=cache)
+        return first, second
+
+    first, second = trio.run(main)
+    assert len(runs) == 1  # the speculative phase of the same ring reuses the plain phase's calibration
+    assert calibration_scenario(sc) == runs[0]
+    assert first.overhead_ms == pytest.approx(3 * 0.5 + 0.4)
+    assert first.requested == "auto" and not first.compensate and first.base_ms == ()
+    assert second.compensate and second.base_ms == pytest.approx((0.5, 0.5, 0.5))
+    assert second.applied_ms == pytest.approx(tuple(max(0.0, second.factor * d * 1e3 - 0.5) for d in HOP_DELAYS_S))
+
+
+def test_resolve_skips_the_calibration_when_the_budget_allows_no_dilation():
+    sc = load_scenario("geo-ring", ["decode.tokens=100000"])
+
+    async def must_not_run(calibration):
+        raise AssertionError("calibrated although D = 1 was certain")
+
+    chosen = trio.run(lambda: resolve(sc, "auto", compensate=False, run=must_not_run, log=lambda m: None))
+    assert chosen.factor == 1.0 and chosen.requested == "auto" and "budget" in chosen.reason
+
+
+# --- real rings (slow) -------------------------------------------------------------------------
+
+METRO_HOPS_MS = [0.7, 0.7, 0.7]  # seed 000 Table 2's metro row: the testbed's overhead is ~10% of its lap
+DILATION = 16.0
+
+
+@pytest.fixture(scope="module")
+def metro():
+    scenario = ring_scenario(METRO_HOPS_MS, compute_ms=11.0, tokens=24)
+    return scenario, run(scenario), run_dilated(scenario, DILATION)
+
+
+def run_dilated(scenario, dilation, compensate=False):
+    from testbed.launcher import run_scenario
+
+    async def main():
+        with trio.fail_after(240):
+            return await run_scenario(scenario, "userspace", log=lambda m: None, dilation=dilation,
+                                      compensate=compensate)
+
+    return trio.run(main)
+
+
+@pytest.mark.slow
+def test_dilation_divides_the_overhead_and_keeps_the_wall(metro):
+    scenario, plain, dilated = metro
+    lap_s = scenario.emulated_compute_s + scenario.t_ring_s
+    # the figures are in scenario time: the same C and the same wall, whatever D
+    assert dilated.dilation.factor == DILATION and dilated.dilation.requested == f"{DILATION:g}"
+    assert dilated.compute_s == pytest.approx(scenario.emulated_compute_s, rel=0.02)
+    assert dilated.predicted_tok_s == pytest.approx(physics.wall_rate(scenario.emulated_compute_s, scenario.t_ring_s),
+                                                    rel=0.02)
+    # within the overhead budget divided by D: 2 x tighter than undilated at D = 2, 16 x at D = 16
+    assert dilated.measured_tok_s == pytest.approx(dilated.predicted_tok_s,
+                                                   rel=rate_tolerance(scenario.n_stages, lap_s) / DILATION)
+    assert abs(dilated.error_pct) < abs(plain.error_pct)  # measured side by side: dilation is what helps
+    for hop, link in zip(dilated.per_hop, scenario.ring):
+        assert link.delay_ms - 0.05 <= hop.measured_ms_p50 <= link.delay_ms + HOP_OVERHEAD_BUDGET_MS / DILATION, hop
+    assert dilated.dilation.applied_ms == pytest.approx(tuple(DILATION * d for d in METRO_HOPS_MS))
+
+
+@pytest.mark.slow
+def test_auto_dilation_makes_a_short_ring_precise():
+    scenario = ring_scenario(METRO_HOPS_MS, compute_ms=11.0, tokens=8)  # 8 laps: a large D stays short
+    s = run_dilated(scenario, "auto")
+    d = s.dilation
+    assert d.requested == "auto" and not d.compensate and d.overhead_ms > 0
+    assert d.factor == min(d.cap, max(1, -(-d.needed // 1)))  # the smallest whole D that meets the target
+    assert d.applied_ms == pytest.approx(tuple(d.factor * h for h in METRO_HOPS_MS))
+    lap_s = scenario.emulated_compute_s + scenario.t_ring_s
+    assert s.measured_tok_s == pytest.approx(s.predicted_tok_s, rel=rate_tolerance(scenario.n_stages, lap_s) / d.factor)
+    for hop, link in zip(s.per_hop, scenario.ring):
+        assert link.delay_ms - 0.05 <= hop.measured_ms_p50 <= link.delay_ms + HOP_OVERHEAD_BUDGET_MS / d.factor, hop
+
+
+@pytest.mark.slow
+def test_compensation_takes_the_calibrated_base_off_each_link():
+    """The mechanism, not a precision claim: the calibrated base is measured at zero delay, where the relay's
+    own wake-up is not hidden behind a delay, so it can exceed what a delayed hop costs (see the bench)."""
+    scenario = ring_scenario([2.0, 2.0, 2.0], compute_ms=11.0, tokens=8)
+    s = run_dilated(scenario, 4.0, compensate=True)
+    d = s.dilation
+    assert d.factor == 4.0 and d.compensate and d.requested == "4" and len(d.base_ms) == 3
+    assert all(b > 0 for b in d.base_ms)  # sockets and wake-ups cost something even at zero delay
+    assert d.applied_ms == pytest.approx(tuple(max(0.0, 4.0 * 2.0 - b) for b in d.base_ms))
+    for hop, applied in zip(s.per_hop, d.applied_ms):  # the shaper applied the compensated delay: never less
+        assert hop.measured_ms_p50 >= applied / 4.0 - 0.05, (hop, d)
