@@ -19,6 +19,13 @@ from testbed.dilation import parse_dilation
 DEFAULT_METRICS_PORT = 9464
 
 
+def dilation_arg(text: str) -> float | str:
+    try:
+        return parse_dilation(text)
+    except ConfigError as exc:  # argparse reports it as a usage error (exit 2) naming the option
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dilation: ")) from exc
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help=f"built-in name ({', '.join(builtin_names())}) or a TOML file")
     parser.add_argument("--shaper", choices=("auto", "netem", "userspace"), default="auto",
@@ -26,7 +33,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, help="tokens to generate (overrides decode.tokens)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")
-    parser.add_argument("--dilation", type=parse_dilation, default="auto", metavar="D|auto",
+    parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
                         help="run every delay and compute D times slower, report in the scenario's time (default "
                              "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
                              "lap, within a run-time budget; 1 = off)")

@@ -15,6 +15,7 @@ import trio
 from testbed.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
+from testbed.core.summary import DilationSummary, RunSummary
 from testbed.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_scenario, choose, parse_dilation, resolve)
 from testbed.runlog import RunLog
@@ -44,7 +45,10 @@ def test_a_dilated_run_log_summarizes_to_the_undilated_figures():
         plain.add_lap(fake_lap(i, i * 0.1, spec=False))
         slow = fake_lap(i, i * 0.1, spec=False).time_scaled(d)  # what the box would have stamped
         dilated.add_lap(slow.time_scaled(1 / d))
+    dilated.dilation = DilationSummary(factor=d, requested="8", applied_ms=(32.0, 40.0, 48.0), reason="as requested")
     a, b = summarize(plain), summarize(dilated)
+    assert a.dilation is None and b.dilation.factor == d
+    assert RunSummary.from_json(b.to_json()) == b  # the JSON summary (and `testbed report`) reads it back
     assert b.measured_tok_s == pytest.approx(a.measured_tok_s)
     assert b.predicted_tok_s == pytest.approx(a.predicted_tok_s)
     for hop_a, hop_b, delay in zip(a.per_hop, b.per_hop, HOP_DELAYS_S):
@@ -241,3 +245,13 @@ def test_compensation_takes_the_calibrated_base_off_each_link():
     assert d.applied_ms == pytest.approx(tuple(max(0.0, 4.0 * 2.0 - b) for b in d.base_ms))
     for hop, applied in zip(s.per_hop, d.applied_ms):  # the shaper applied the compensated delay: never less
         assert hop.measured_ms_p50 >= applied / 4.0 - 0.05, (hop, d)
+
+
+@pytest.mark.parametrize("bad", ["0.3", "fast", "65"])
+def test_the_cli_rejects_a_bad_dilation_naming_the_option(bad, capsys):
+    from testbed import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "geo-ring", "--dilation", bad])
+    assert exit_info.value.code == 2
+    assert f"argument --dilation: expected a number in [1, 64] or auto, got '{bad}'" in capsys.readouterr().err
