@@ -246,6 +246,8 @@ def percentiles_us(values: list[float]) -> tuple[float, float]:
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
+    if not console.is_terminal:  # a log file or a pipe: rich would fold the side-by-side tables to 80 columns
+        console = Console(width=200)
     quick = args.quick
     shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
     figures: dict = {"relay": [], "overhead": {}, "fidelity": []}

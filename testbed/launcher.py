@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -30,6 +31,7 @@ READY_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.8  # Ctrl-C / failure: every child is gone within ~2 x this
 STDERR_TAIL_LINES = 40
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Group)\b.*")  # "trio.BrokenResourceError: ..."
 
 
 @dataclass
@@ -42,8 +44,12 @@ class AgentHandle:
     finished: bool = False  # it was told to finish (normal end): exiting is expected
 
     def cause(self, default: str) -> str:
-        lines = [line for line in self.stderr_tail if line.strip()]
-        return f"{default}; last output: {lines[-1].strip()}" if lines else default
+        """default, and the agent's last words: the last exception line of a traceback if there is one."""
+        lines = [line.strip(" |+-\t") for line in self.stderr_tail]  # exception groups draw boxes around lines
+        lines = [line for line in lines if line]
+        errors = [line for line in lines if EXCEPTION_LINE.match(line)]
+        last = errors[-1] if errors else (lines[-1] if lines else None)
+        return f"{default}; last output: {last}" if last else default
 
 
 async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
