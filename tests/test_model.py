@@ -298,12 +298,14 @@ def longest_run(ids: list[int]) -> int:
     return max(sum(1 for _ in group) for _, group in itertools.groupby(ids))
 
 
-CODE_PROMPT = "def add(a, b):\n    return "  # after a deep indentation greedy still falls into runs of spaces
+# Greedy from here writes code (`self.__class__(self, default)` ...); right after a bare indentation, e.g.
+# "def main():\n    ", these tiny byte models still emit a run of spaces (see README, The models).
+CODE_PROMPT = "    def __repr__(self):\n        return "
 
 
-def test_greedy_decoding_from_a_code_prompt_is_not_degenerate():
-    # target-deep (16 x 64, undertrained: 2.45 nats/byte) is not held to this yet: see README, The models
-    ids = generate(train.load_model("target"), CODE_PROMPT, 80)
+@pytest.mark.parametrize("name", ["target", "target-deep"])
+def test_greedy_decoding_from_a_code_prompt_is_not_degenerate(name):
+    ids = generate(train.load_model(name), CODE_PROMPT, 80)
     assert len(set(ids)) >= 10 and longest_run(ids) <= 16, repr(decode(ids))
 
 

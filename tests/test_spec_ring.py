@@ -19,7 +19,7 @@ LONG_RING_MS = [20.0, 20.0, 20.0]
 STAGE_MS = 3.0
 DRAFT_MS = 5.0  # the paper's c_d; above the calibrated draft's real per-token cost (a full target step, 1.5-4 ms)
 ALPHA, K = 0.8, 4
-GREEDY_PROMPT = "def add(a, b):\n    return "  # the target's greedy output from here is code, not a run of spaces
+GREEDY_PROMPT = "    def __repr__(self):\n        return "  # greedy from here: 18 distinct bytes in 48, code
 
 
 def test_greedy_speculation_is_token_for_token_plain_greedy():
