@@ -79,7 +79,8 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
             shaper, dilation = await prepare(scenario, shaper_kind, dilation=options.dilation,
                                              compensate=options.compensate, log=log, echo_agent_stderr=verbose,
                                              calibrations=calibrations)
-            dilated = f" Dilation: [bold]x{dilation.factor:g}[/bold] (figures in scenario time)." if dilation else ""
+            dilated = (f" Dilation: [bold]x{dilation.factor:g}[/bold] ("
+                       f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason})." if dilation else "")
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
                           f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason}).{dilated}")
             if i > 0:
