@@ -156,11 +156,12 @@ class RingResult:
 
     @property
     def hop_errors_ms(self) -> list[float]:
-        """measured p50 - configured of every hop (the p99 too, as a second list entry per hop)."""
+        """measured p50 - configured one-way latency of every hop, ms."""
         return [h.measured_ms_p50 - h.configured_ms for h in self.summary.per_hop if h.measured_ms_p50 is not None]
 
     @property
     def hop_errors_p99_ms(self) -> list[float]:
+        """measured p99 - configured one-way latency of every hop, ms."""
         return [h.measured_ms_p99 - h.configured_ms for h in self.summary.per_hop if h.measured_ms_p99 is not None]
 
 

@@ -102,14 +102,21 @@ def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = F
                        target=target, overhead_ms=calibration.overhead_ms, reason=why)
 
 
-def summary_for(scenario: Scenario, factor: float, requested: str, calibration: Calibration | None = None,
-                **facts) -> DilationSummary:
+def box_scenario(scenario: Scenario, dilation: DilationSummary | None) -> Scenario:
+    """What the agents and the shaper run: `scenario` dilated (and compensated) as `dilation` says."""
+    if dilation is None:
+        return scenario
+    return scenario.dilated(dilation.factor, dilation.base_ms if dilation.compensate else ())
+
+
+def summary_for(scenario: Scenario, factor: float, requested: str, calibration: Calibration | None = None, *,
+                target: float = TARGET_OVERHEAD, **facts) -> DilationSummary:
     """The DilationSummary of running `scenario` at `factor` (compensated when a calibration is given)."""
     base = calibration.base_ms if calibration is not None else ()
-    applied = scenario.dilated(factor, base).links
-    return DilationSummary(factor=factor, requested=requested, compensate=calibration is not None,
-                           base_ms=tuple(base), applied_ms=tuple(link.delay_ms for link in applied),
-                           target_overhead_pct=facts.pop("target", TARGET_OVERHEAD) * 100, **facts)
+    summary = DilationSummary(factor=factor, requested=requested, compensate=calibration is not None,
+                              base_ms=tuple(base), target_overhead_pct=target * 100, **facts)
+    applied = box_scenario(scenario, summary).links
+    return dataclasses.replace(summary, applied_ms=tuple(link.delay_ms for link in applied))
 
 
 async def resolve(scenario: Scenario, requested: float | str, *, compensate: bool,

@@ -23,6 +23,8 @@ from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, PeerTimeout
 from testbed.core.records import LapRecord
 from testbed.core.summary import DilationSummary, RunSummary
+from testbed.dilation import box_scenario
+from testbed.dilation import resolve as resolve_dilation
 from testbed.runlog import RunLog
 from testbed.summarize import self_check, summarize
 
@@ -65,7 +67,7 @@ class Launcher:
         self.scenario = scenario
         # Under time dilation the agents and the shaper run `physical`; lap records come back in scenario time.
         self.dilation = dilation or DilationSummary()
-        self.physical = scenario.dilated(self.dilation.factor, self.dilation.base_ms if self.dilation.compensate else ())
+        self.physical = box_scenario(scenario, dilation)
         runlog.dilation = dilation
         self.shaper = shaper
         self.runlog = runlog
@@ -263,14 +265,13 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
     """
     from netem.base import ShaperOptions
     from netem.select import choose_shaper
-    from testbed import dilation as dilation_module
 
     async def calibrate(calibration: Scenario) -> RunSummary:
         return await run_scenario(calibration, shaper_kind, log=log, echo_agent_stderr=echo_agent_stderr)
 
-    chosen = await dilation_module.resolve(scenario, dilation, compensate=compensate, log=log, run=calibrate,
-                                           cache=calibrations)
-    physical = scenario.dilated(chosen.factor, chosen.base_ms if chosen.compensate else ())
+    chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
+                                    cache=calibrations)
+    physical = box_scenario(scenario, chosen)
     shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_stages, new_run_id(),
                            options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms))
     return shaper, (chosen if chosen.requested != "1" or chosen.compensate else None)
