@@ -8,6 +8,7 @@ Launcher -> agent, JSON lines on stdin:
 Agent -> launcher, JSON lines on the control fd:
     {"event": "listening", "port": P}  {"event": "ready"}  {"event": "probe", "record": LapRecord}
     {"event": "lap", "record": LapRecord}  {"event": "done", "tokens": N}  {"event": "error", "message": ...}
+    {"event": "usage", "wall_s": W, "cpu_s": S, "max_rss_mb": M}   CPU and memory over the run, before done/finished
     {"event": "finished"}   a middle stage passed the entry's SHUTDOWN on: its exit from here on is normal
 stdin closing means the launcher is gone or done: the agent exits.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import time
 import signal
 import sys
 from dataclasses import dataclass
@@ -48,6 +51,27 @@ class AgentSpec(JsonRecord):
     listen_host: str = "127.0.0.1"
     threads: int = 1
     dilation: float = 1.0  # time dilation D: compute_ms and decode times are already multiplied by it
+    per_token_ms: float = 0.0  # StageConfig.cost_ms: emulated cost of a batch / a block beyond one token
+    prefill_ms_per_token: float = 0.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """This process's CPU time and peak memory at one moment (getrusage)."""
+
+    wall_s: float
+    cpu_s: float
+    max_rss_mb: float
+
+    @classmethod
+    def now(cls) -> "Usage":
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)  # ru_maxrss is in KiB
+
+    def since(self, start: "Usage") -> dict[str, float]:
+        """The "usage" event: CPU share of one core over the run (from the run command to its end), peak RSS."""
+        wall = self.wall_s - start.wall_s
+        return {"wall_s": wall, "cpu_s": self.cpu_s - start.cpu_s, "max_rss_mb": self.max_rss_mb}
 
 
 class Control:
@@ -71,7 +95,9 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     model = load_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
     ring = RingClient(PipelineStage(model, plan), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
-                      report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation)
+                      report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
+                      per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
+                      batching=spec.decode.batching, streams=spec.decode.streams)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 
@@ -97,14 +123,17 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
             nursery.cancel_scope.cancel()  # launcher gone: stop
 
         nursery.start_soon(watch_stdin)
+        usage_at_start = Usage.now()
         if plan.is_entry:
             await ring.probe()
             mode = resolve(spec.runner)(spec.decode, ring)
             tokens = await mode.run()
             await ring.shutdown()
+            control.send("usage", Usage.now().since(usage_at_start))
             control.send("done", {"tokens": tokens})
         else:
             await ring.serve()
+            control.send("usage", Usage.now().since(usage_at_start))
             # The SHUTDOWN still has hops to go before the entry reports "done": say that exiting is expected.
             control.send("finished")
         nursery.cancel_scope.cancel()

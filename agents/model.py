@@ -197,6 +197,50 @@ class GPT(nn.Module):
         cache.length = start + T  # only once every layer holds the new positions
         return x
 
+    def embed_at(self, ids: list[int], positions: list[int]) -> torch.Tensor:
+        """One token per sequence, each at its own position (a continuous batch) -> [B, 1, C]."""
+        if any(p < 0 or p >= self.config.block_size for p in positions):
+            raise ValueError(f"GPT.embed_at: positions {positions} are outside 0..{self.config.block_size - 1}")
+        idx = torch.tensor(ids, dtype=torch.long)  # [B]
+        return (self.transformer.wte(idx) + self.transformer.wpe.weight[positions]).unsqueeze(1)  # [B, 1, C]
+
+    def run_layers_batched(self, x: torch.Tensor, first: int, last: int, caches: list[KVCache]) -> torch.Tensor:
+        """Continuous batching: x [B, 1, C] holds one new token of B different sequences, sequence b with its
+        own cache (and so its own position and past). Every matmul runs once on the stacked batch; only the
+        attention, which reads each sequence's own past, runs per sequence.
+        """
+        if not 0 <= first <= last <= self.config.n_layer:
+            raise ValueError(f"GPT.run_layers_batched: expected 0 <= first <= last <= {self.config.n_layer}, "
+                             f"got {first}, {last}")
+        B, T, C = x.size()
+        if T != 1 or len(caches) != B:
+            raise ValueError(f"GPT.run_layers_batched: expected [B, 1, C] with one cache per row, got {tuple(x.shape)} "
+                             f"and {len(caches)} caches")
+        for cache in caches:
+            if cache.n_layers != last - first or cache.batch_size != 1 or cache.length + 1 > cache.block_size:
+                raise ValueError(f"GPT.run_layers_batched: a cache of {cache.n_layers} layers, batch {cache.batch_size}, "
+                                 f"{cache.length} cached does not fit layers {first}:{last} plus one token")
+        for i, block in enumerate(self.transformer.h[first:last]):
+            attn = block.attn
+            q, k, v = attn.c_attn(block.ln_1(x)).split(attn.n_embd, dim=2)  # 3 x [B, 1, C]
+            q = q.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)  # [B, nh, 1, hd]
+            k = k.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
+            v = v.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
+            ys = []
+            for b, cache in enumerate(caches):
+                start = cache.length
+                cache.k[i][:, :, start : start + 1] = k[b : b + 1]
+                cache.v[i][:, :, start : start + 1] = v[b : b + 1]
+                # one new token sees every key of its own sequence: no mask
+                ys.append(F.scaled_dot_product_attention(q[b : b + 1], cache.k[i][:, :, : start + 1],
+                                                         cache.v[i][:, :, : start + 1]))  # [1, nh, 1, hd]
+            y = torch.cat(ys).transpose(1, 2).contiguous().view(B, 1, C)  # [B, 1, C]
+            x = x + attn.c_proj(y)
+            x = x + block.mlp(block.ln_2(x))
+        for cache in caches:
+            cache.length += 1
+        return x
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.transformer.ln_f(x))  # [B, T, C] -> [B, T, V]
 

@@ -23,7 +23,7 @@ CONNECT_RETRY_S = 0.05
 LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
 PROBE_LAPS = 5
 SHUTDOWN_GRACE_S = 5.0
-INBOX_FRAMES = 16
+INBOX_FRAMES = 16  # plus one per stream in flight
 CONTEXT_KEEP = 64  # tokens a mode keeps when the context window fills and a new sequence starts
 
 
@@ -37,11 +37,15 @@ class RingClient:
 
     def __init__(self, stage: PipelineStage, stage_index: int, n_stages: int, compute_ms: float, *, mode: str,
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
-                 log: Callable[[str], None] = print, dilation: float = 1.0) -> None:
+                 log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
+                 prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
-        self.compute_s = compute_ms / 1e3  # already dilated by the launcher
+        self.compute_s = compute_ms / 1e3  # already dilated by the launcher, as the two below
+        self.per_token_s = per_token_ms / 1e3
+        self.prefill_per_token_s = prefill_ms_per_token / 1e3
+        self.batching = batching
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.dilation).
         self.dilation = dilation
@@ -49,9 +53,13 @@ class RingClient:
         self.report_event = report
         self.clock = clock
         self.log = log
-        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES)
+        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES + streams)
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
+
+    def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
+        """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
+        return self.compute_s + self.prefill_per_token_s * (n_tok - 1) + self.per_token_s * (batch - 1)
 
     @property
     def next_stage(self) -> int:
@@ -73,6 +81,9 @@ class RingClient:
             while (item := await reader.read()) is not None:
                 predictor.observe(item[1])
                 await self.inbox_send.send(item)
+                # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
+                while (more := reader.read_buffered()) is not None:
+                    await self.inbox_send.send(more)
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -114,12 +125,44 @@ class RingClient:
         except trio.TooSlowError as exc:
             raise PeerTimeout(f"no frame from upstream within {LAP_TIMEOUT_S} s") from exc
 
+    async def send_burst(self, frames: list[wire.Frame], dst: int | None = None) -> list[int]:
+        """Several frames in one write, each flagged with how many follow (a continuous batch moving on together)."""
+        dst = self.next_stage if dst is None else dst
+        stream = self.peers.get(dst)
+        if stream is None:
+            raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
+        left = len(frames) - 1
+        encoded = [wire.encode(dataclasses.replace(f, flags=(f.flags & ~wire.BURST_MASK) | (left - i)))
+                   for i, f in enumerate(frames)]
+        try:
+            await stream.send_all(b"".join(encoded))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise LinkBroken(f"stage {dst} closed the connection: {exc}") from exc
+        return [len(data) for data in encoded]
+
+    def receive_now(self) -> tuple[wire.Frame, float] | None:
+        """A frame already in the inbox, or None (no waiting)."""
+        try:
+            return self.inbox.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
+    async def receive_burst(self) -> list[tuple[wire.Frame, float]]:
+        """Every frame queued now, and the rest of any burst among them that is still in flight (continuous batching)."""
+        items = [await self.receive()]
+        while True:
+            while (item := self.receive_now()) is not None:
+                items.append(item)
+            if not wire.burst_left(items[-1][0]):
+                return items
+            items.append(await self.receive())
+
     def stamped(self, frame: wire.Frame, recv: float, start: float, real_end: float, end: float,
-                tensor: np.ndarray | None) -> wire.Frame:
+                tensor: np.ndarray | None, batch: int = 1) -> wire.Frame:
         """The frame to send on, with this stage's stamp (send time taken now, just before sending)."""
         tensor = frame.tensor if tensor is None else tensor
         size = wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + (0 if tensor is None else tensor.nbytes)
-        stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size)
+        stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
         return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
 
     def pass_through(self, frame: wire.Frame, recv: float) -> wire.Frame:
@@ -128,19 +171,38 @@ class RingClient:
     # --- middle stages -------------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Non-entry stages: compute on every frame and pass it on, until SHUTDOWN."""
+        """Non-entry stages: compute on every frame and pass it on, until SHUTDOWN.
+
+        batching "none": one frame per forward pass, in arrival order (a frame that arrives while the stage
+        is busy queues). "continuous": every one-token frame queued when the stage turns to its inbox (and
+        the rest of their bursts) runs as one batched forward pass, then moves on as one burst.
+        """
         while True:
-            frame, recv = await self.inbox.receive()
-            if frame.kind in (wire.Kind.SHUTDOWN, wire.Kind.PROBE):
-                await self.send(self.pass_through(frame, recv))
-                if frame.kind == wire.Kind.SHUTDOWN:
-                    return
-                continue
-            start = self.clock.now()
-            hidden = self.stage.run(frame.tensor, frame.pos)
-            real_end = self.clock.now()
-            await self.clock.sleep_until(start + max(self.compute_s, self.dilation * (real_end - start)))
-            await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden))
+            items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
+            for group in _batches(items):
+                frame, recv = group[0]
+                if frame.kind in (wire.Kind.SHUTDOWN, wire.Kind.PROBE):
+                    await self.send(self.pass_through(frame, recv))
+                    if frame.kind == wire.Kind.SHUTDOWN:
+                        return
+                    continue
+                if len(group) == 1:
+                    start = self.clock.now()
+                    hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
+                    real_end = self.clock.now()
+                    n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
+                    await self.clock.sleep_until(start + max(self.cost_s(n_tok), self.dilation * (real_end - start)))
+                    await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden))
+                    continue
+                start = self.clock.now()
+                hiddens = self.stage.run_batch([f.tensor for f, _ in group], [f.pos for f, _ in group],
+                                               [f.stream for f, _ in group])
+                real_end = self.clock.now()
+                b = len(group)
+                await self.clock.sleep_until(start + max(self.cost_s(1, b), self.dilation * (real_end - start)))
+                end = self.clock.now()
+                await self.send_burst([self.stamped(f, recv_i, start, real_end, end, h, b)
+                                       for (f, recv_i), h in zip(group, hiddens)])
 
     # --- entry stage ---------------------------------------------------------------------------
 
@@ -181,10 +243,56 @@ class RingClient:
         head_real_end = self.clock.now()
         front = front_real_end - start
         real = front + head_real_end - head_start
-        await self.clock.sleep_until(max(head_real_end, head_start + max(self.compute_s, self.dilation * real) - front))
+        cost = self.cost_s(len(ids))
+        await self.clock.sleep_until(max(head_real_end, head_start + max(cost, self.dilation * real) - front))
         end = self.clock.now()
         record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
                            HeadTiming(head_start, head_real_end, end))
+        return result, record
+
+    async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
+        """Chunked prefill (as vLLM and Sarathi): the prompt in chunks of `chunk` tokens, sent back to back.
+
+        The chunks are pipelined: chunk j+1 leaves the entry while chunk j is on the ring (each stage keeps
+        the earlier chunks' KV, and frames on a link stay in order). Every chunk but the last is reported
+        now as a "prefill" lap with extra chunk/chunks; the last one's record (with the head) is returned,
+        like `lap`. A single chunk is exactly `lap`.
+        """
+        if chunk <= 0 or chunk >= len(ids) or self.n_stages == 1:
+            return await self.lap(ids, 0, "prefill", decide)
+        blocks = [(ids[i:i + chunk], i) for i in range(0, len(ids), chunk)]
+        n = len(blocks)
+        sent = []
+        for j, (block, pos) in enumerate(blocks):
+            lap_no, self.lap_no = self.lap_no, self.lap_no + 1
+            start = self.clock.now()
+            hidden = self.stage.embed_and_run(block, pos)
+            real_end = self.clock.now()
+            if j < n - 1:  # the last chunk's front is padded together with the head, as in `lap`
+                await self.clock.sleep_until(start + max(self.cost_s(len(block)), self.dilation * (real_end - start)))
+            end = self.clock.now()
+            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
+            await self.send(self.stamped(frame, start, start, real_end, end, hidden))
+            sent.append((lap_no, start, real_end - start))
+        for j, (block, _pos) in enumerate(blocks):
+            back, return_recv = await self.receive()
+            lap_no, start, front = sent[j]
+            if back.kind != wire.Kind.HIDDEN or back.lap != lap_no:
+                raise WireError(f"expected prefill chunk lap {lap_no} back, got {back.kind.name} lap {back.lap}")
+            extra = {"chunk": j, "chunks": n}
+            if j < n - 1:
+                self.report(LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, return_recv, back.stamps,
+                                      return_recv, extra=extra))
+                continue
+            head_start = self.clock.now()
+            result = decide(self.stage.logits(back.tensor))
+            head_real_end = self.clock.now()
+            real = front + head_real_end - head_start
+            await self.clock.sleep_until(max(head_real_end, head_start + max(self.cost_s(len(block)),
+                                                                             self.dilation * real) - front))
+            end = self.clock.now()
+            record = LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, end, back.stamps, return_recv,
+                               HeadTiming(head_start, head_real_end, end), extra=extra)
         return result, record
 
     def report(self, record: LapRecord) -> None:
@@ -201,3 +309,20 @@ class RingClient:
                 frame, _ = await self.inbox.receive()
                 if frame.kind == wire.Kind.SHUTDOWN:
                     break
+
+
+def _batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame, float]]]:
+    """Arrival order kept; consecutive one-token HIDDEN frames of different streams form one batch, anything
+    else (a probe, a prefill block, SHUTDOWN, a second frame of a stream already in the batch) stands alone."""
+    groups: list[list[tuple[wire.Frame, float]]] = []
+    for item in items:
+        frame = item[0]
+        batchable = (frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1))
+        last = groups[-1] if groups else None
+        if (batchable and last is not None and last[0][0].kind == wire.Kind.HIDDEN
+                and last[0][0].tensor is not None and last[0][0].tensor.shape[:2] == (1, 1)
+                and all(f.stream != frame.stream for f, _ in last)):
+            last.append(item)
+        else:
+            groups.append([item])
+    return groups

@@ -9,7 +9,7 @@ Layout (little-endian)::
       magic b"GRNG" | version u8 | kind u8 | dtype u8 | ndim u8 | stream u32 | lap u64 |
       pos u32 | flags u32 | shape 4 x u32 | n_stamps u16 | reserved u16 | payload_len u32
     stamps  (n_stamps x STAMP.size bytes), one per stage the frame has passed, in order
-      stage u16 | reserved u16 | sent_bytes u32 | recv f64 | compute_start f64 | real_end f64 |
+      stage u16 | batch u16 | sent_bytes u32 | recv f64 | compute_start f64 | real_end f64 |
       compute_end f64 | send f64          (seconds on the box's one CLOCK_MONOTONIC)
     payload (payload_len bytes): the tensor, C order
 """
@@ -43,6 +43,14 @@ class Kind(enum.IntEnum):
     HIDDEN = 1  # hidden state of a block of positions, travelling the ring
     PROBE = 2  # empty frame for the link self-check; every stage stamps and forwards it
     SHUTDOWN = 3  # end of run; every stage forwards it and exits
+
+
+BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)
+
+
+def burst_left(frame: "Frame") -> int:
+    """Frames of this frame's burst still to come: a continuous-batching stage waits for them (they are in flight)."""
+    return frame.flags & BURST_MASK
 
 
 class DType(enum.IntEnum):
@@ -87,7 +95,7 @@ def encode(frame: Frame) -> bytes:
     parts = [HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
                          frame.pos, frame.flags, *dims, len(frame.stamps), 0, len(payload))]
     for s in frame.stamps:
-        parts.append(STAMP.pack(s.stage, 0, s.sent_bytes, s.recv, s.compute_start, s.real_end, s.compute_end, s.send))
+        parts.append(STAMP.pack(s.stage, min(s.batch, 0xFFFF), s.sent_bytes, s.recv, s.compute_start, s.real_end, s.compute_end, s.send))
     parts.append(payload)
     return b"".join(parts)
 
@@ -155,8 +163,8 @@ def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
         raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
     stamps = []
     for i in range(header.n_stamps):
-        stage, _r, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(body, i * STAMP.size)
-        stamps.append(Stamp(stage, recv, c0, real_end, c1, send, sent_bytes))
+        stage, batch, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(body, i * STAMP.size)
+        stamps.append(Stamp(stage, recv, c0, real_end, c1, send, sent_bytes, batch or 1))
     tensor = None
     if header.dtype != DType.NONE:
         offset = header.n_stamps * STAMP.size
@@ -194,6 +202,18 @@ class FrameReader:
                 return False
             self._buffer += chunk
         return True
+
+    def read_buffered(self) -> tuple[Frame, float] | None:
+        """The next frame if all of it is already buffered (no I/O), else None: drains a burst in one go."""
+        if len(self._buffer) < HEADER.size:
+            return None
+        header = decode_header(self._buffer)
+        total = HEADER.size + header.body_len
+        if len(self._buffer) < total:
+            return None
+        body = bytes(self._buffer[HEADER.size:total])
+        del self._buffer[:total]
+        return decode_body(header, body), time.monotonic()
 
     async def read(self) -> tuple[Frame, float] | None:
         """The next frame and the monotonic time it was complete, or None at a clean end of stream."""

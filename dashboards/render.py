@@ -12,6 +12,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from dashboards.streams import streams_line, streams_parts, streams_table
+from dashboards.style import error_style as _error_style
+from dashboards.style import stage_names as _stage_names
 from dashboards.plots import DASH, PLOT_MAX_ROWS, PLOT_MIN_ROWS, sparkline, wall_plot
 from testbed.core.summary import RunSummary
 
@@ -22,7 +25,9 @@ TABLE_GAP: Final = 3  # columns between the hop and the stage table when they si
 PHASE_STYLES: Final = {"plain": "bold cyan", "speculative": "bold magenta", "done": "bold green"}
 
 # Display order of the sections; they are chosen by priority (list order in render) until the height is used.
+# A run has speculation or streams, never both: they share a place.
 ORDER_HEADER, ORDER_RATE, ORDER_SPEC, ORDER_TABLES, ORDER_PLOT, ORDER_SPARKLINE = 0, 1, 2, 3, 8, 9
+ORDER_STREAMS = ORDER_SPEC
 
 
 # ---------------------------------------------------------------- formatters
@@ -34,17 +39,6 @@ def _fmt(value: float | None, spec: str = ".2f", missing: str = DASH) -> str:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
-
-
-def _error_style(error_pct: float | None) -> str:
-    if error_pct is None:
-        return "dim"
-    size = abs(error_pct)
-    return "green" if size < 5 else "yellow" if size < 15 else "bold red"
-
-
-def _stage_names(summary: RunSummary) -> list[str]:
-    return list(summary.stage_names) or [f"stage {i}" for i in range(summary.stages)]
 
 
 def _hop_link_name(hop: str, names: Sequence[str]) -> str:
@@ -278,6 +272,7 @@ def render(summary: RunSummary | None, width: int = 80, height: int = 24) -> Ren
         top = _title_bar(summary, width)
     candidates: list[tuple[int, RenderableType | None]] = [
         (ORDER_HEADER, top), (ORDER_RATE, rate_line(summary, width)), (ORDER_SPEC, spec_line(summary, wide)),
+        (ORDER_STREAMS, streams_line(summary, wide)),
         *((ORDER_TABLES + i, block) for i, block in enumerate(_table_blocks(summary, width, wide))),
         (ORDER_SPARKLINE, sparkline(summary, width)),
     ]
@@ -323,13 +318,16 @@ def render_line(summary: RunSummary | None) -> str:
         parts += [f"K={spec.k:g}", f"alpha={spec.alpha:.2f}",
                   f"gamma={spec.gamma_measured:.2f}/{spec.gamma_predicted:.2f}",
                   f"wall_predicted={spec.plain_predicted_tok_s:.2f}tok/s"]
+    parts += streams_parts(summary)
     return " ".join(parts)
 
 
-def render_summary(summaries: Sequence[RunSummary]) -> Table:
+def render_summary(summaries: Sequence[RunSummary]) -> RenderableType:
     """Measured vs predicted, one row per run summary (e.g. the plain and the speculative phase).
 
-    For a speculative run the summary's prediction is r_spec = Gamma / (K c_d + C + T_ring), not the wall.
+    For a speculative run the summary's prediction is r_spec = Gamma / (K c_d + C + T_ring), not the wall; for
+    M streams it is the aggregate (physics.streams_rates), and a second table below gives each streams run's
+    per-stream rates, ceiling and busiest stage.
     """
     any_spec = any(s.spec is not None for s in summaries)
     shapers = sorted({s.shaper for s in summaries if s.shaper})
@@ -358,4 +356,5 @@ def render_summary(summaries: Sequence[RunSummary]) -> Table:
             row += ([f"{spec.k:g}", f"{spec.alpha:.2f}", f"{spec.gamma_measured:.2f}", f"{spec.gamma_predicted:.2f}"]
                     if spec is not None else [DASH] * 4)
         table.add_row(*row)
-    return table
+    streams = streams_table(summaries)
+    return table if streams is None else Group(table, Text(), streams)

@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -208,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--rounds", type=int, default=30, help="rounds at each K (default 30)")
     sweep.add_argument("--json", help="write all results here")
     sweep.set_defaults(func=lambda a, c: __import__("testbed.sweep", fromlist=["main"]).main(a, c))
+
+    regimes = sub.add_parser("regimes", help="seed 000's regime map on one ring: TTFT vs prompt and link rate, "
+                                             "aggregate and per-stream rate vs streams in flight, decode, speculation")
+    add_run_options(regimes)
+    regimes.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative (default all)")
+    regimes.add_argument("--json", help="write the result here (default results/regimes-SCENARIO.json)")
+    regimes.set_defaults(func=lambda a, c: __import__("testbed.regimes", fromlist=["main"]).main(a, c))
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)

@@ -3,6 +3,10 @@
 Counters and histograms add up over every phase served by one exporter (they never go backwards); gauges
 describe the current phase. Exact hop-latency quantiles are exported as gauges next to the histogram:
 histogram_quantile interpolates inside a bucket, so the gauges are what to plot or alert on.
+
+The streams mode (M sequences in flight) never labels by stream (M is unbounded): its gauges are over the
+current phase's latest STREAMS_WINDOW_LAPS_PER_STREAM x M decode laps (runlog.StreamsWindow), and its
+histograms observe once per decode lap (a stream's rate over that lap: tokens / lap time; each stage's queueing).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from testbed import predict
 from testbed.core.decode import MODES
-from testbed.runlog import SPEC_MAX_POSITIONS, RunLog, RunningHistogram
+from testbed.runlog import SPEC_MAX_POSITIONS, STREAMS_MODE, RunLog, RunningHistogram
 
 QUANTILES = {"p50": 50, "p99": 99}
 
@@ -119,6 +123,7 @@ class RunCollector:
                 gauge.add_metric([kind], value)
         yield from (rate, ring, mean_compute)
         yield from self._speculation(logs, current)
+        yield from self._streams(logs, current)
 
     def _speculation(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
         """Speculation counters with vLLM's names (spec_decode_num_drafts, ...), and its gauges."""
@@ -149,6 +154,49 @@ class RunCollector:
             gamma.add_metric(["predicted"], predict.spec_gamma_predicted(current))
             k.add_metric([], current.spec_last_k)
         yield from (alpha, gamma, k)
+
+    def _streams(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
+        """Streams mode: histograms over every phase, gauges of the current phase's recent laps (streams only)."""
+        stages = [stage.name for stage in current.scenario.stages]
+        buckets, total = _merge([log.stream_rate for log in logs])
+        rate = HistogramMetricFamily("testbed_stream_rate_tokens_per_second",
+                                     "Streams mode: one stream's decode rate over one lap (tokens / lap time), "
+                                     "observed once per decode lap")
+        rate.add_metric([], buckets, total)
+        queue = HistogramMetricFamily("testbed_stage_queue_seconds",
+                                      "Streams mode: how long a frame waited at a stage before its forward pass",
+                                      labels=["stage"])
+        for i, stage in enumerate(stages):
+            buckets, total = _merge([log.stage_queue[i] for log in logs])
+            queue.add_metric([stage], buckets, total)
+        yield from (rate, queue)
+        if current.scenario.decode.mode != STREAMS_MODE:
+            return
+        yield GaugeMetricFamily("testbed_streams_in_flight", "Streams mode: streams still decoding (decode.streams "
+                                "less those that produced all their tokens)", value=current.streams_in_flight)
+        window = current.streams_window()
+        if window is None:
+            return
+        per_stream, aggregate, busy = predict.streams_rates(current, window)
+        rates = GaugeMetricFamily("testbed_streams_aggregate_tokens_per_second",
+                                  "Streams mode: tokens/s of all streams together over the recent laps, kind=measured "
+                                  "or kind=predicted (physics.streams_rates)", labels=["kind"])
+        rates.add_metric(["measured"], window.aggregate_tok_s)
+        rates.add_metric(["predicted"], aggregate)
+        yield rates
+        yield GaugeMetricFamily("testbed_stream_rate_predicted_tokens_per_second",
+                                "Streams mode: predicted decode rate of one stream (aggregate / M)", value=per_stream)
+        utilization = GaugeMetricFamily("testbed_stage_utilization_ratio",
+                                        "Streams mode: share of the recent laps' time a stage computed, kind=measured "
+                                        "or kind=predicted", labels=["stage", "kind"])
+        batch = GaugeMetricFamily("testbed_stage_batch_frames",
+                                  "Streams mode: mean frames per forward pass of a stage over the recent laps",
+                                  labels=["stage"])
+        for stage, measured, predicted, frames in zip(stages, window.stage_busy, busy, window.stage_batch_mean):
+            utilization.add_metric([stage, "measured"], measured)
+            utilization.add_metric([stage, "predicted"], predicted)
+            batch.add_metric([stage], frames)
+        yield from (utilization, batch)
 
 
 def serve(registry: CollectorRegistry, port: int) -> tuple[str, int]:

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import DRAFT_KINDS, K_MAX_BOUND, MODES, DecodeConfig
+from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MODES, DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 
@@ -23,6 +23,14 @@ class StageConfig:
     name: str
     compute_ms: float = 0.0  # emulated per-lap compute; 0 = the real forward pass only
     layers: int | None = None  # target layers on this stage; None = split evenly
+    # Emulated cost of one forward pass over T positions of each of b streams (a prefill or speculative block
+    # of T tokens, a continuous batch of b one-token frames):
+    #     compute_ms + prefill_ms_per_token * (T - 1) + per_token_ms * (b - 1)
+    per_token_ms: float = 0.0  # marginal cost of one more stream in a batch (memory-bound decode: small)
+    prefill_ms_per_token: float = 0.0  # marginal cost of one more position in a block (compute-bound prefill)
+
+    def cost_ms(self, n_tok: int = 1, batch: int = 1) -> float:
+        return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,8 @@ class Scenario:
                               jitter_ms=link.jitter_ms * factor,
                               rate_mbit=link.rate_mbit / factor if link.rate_mbit else 0.0)
                       for i, link in enumerate(self.links))
-        stages = tuple(replace(stage, compute_ms=stage.compute_ms * factor) for stage in self.stages)
+        stages = tuple(replace(stage, compute_ms=stage.compute_ms * factor, per_token_ms=stage.per_token_ms * factor,
+                               prefill_ms_per_token=stage.prefill_ms_per_token * factor) for stage in self.stages)
         decode = replace(self.decode, draft_ms=self.decode.draft_ms * factor)
         return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor)
 
@@ -213,6 +222,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
             name=_string(st, "name", f"stage{i}", source, where),
             compute_ms=_number(st, "compute_ms", 0.0, source, where, maximum=60_000) * scale,
             layers=layers,
+            per_token_ms=_number(st, "per_token_ms", 0.0, source, where, maximum=60_000) * scale,
+            prefill_ms_per_token=_number(st, "prefill_ms_per_token", 0.0, source, where, maximum=60_000) * scale,
         ))
     if len({s.name for s in stages}) != len(stages):
         raise ConfigError("stage names must be unique", source=source, key="stages")
@@ -274,6 +285,10 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "mode": ("choice", (), False),  # choices: MODES, read when checked (a test may register a mode)
     "tokens": ("int", (1, MAX_TOKENS), False),
     "prompt": ("text", (), False),
+    "prompt_tokens": ("int", (0, 255), False),  # the models' context is 256 positions
+    "prefill_chunk": ("int", (0, 256), False),
+    "streams": ("int", (1, MAX_STREAMS), False),
+    "batching": ("choice", BATCHING, False),
     "temperature": ("number", (0.0, 100.0), False),
     "seed": ("int", (0, None), False),
     "k": ("k", (1, K_MAX_BOUND), False),
@@ -308,6 +323,11 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
             value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high,
                             integer=kind in ("int", "k"))
         values[f.name] = value * scale if scaled else value
+    if values["streams"] > 1 and values["mode"] == "plain":
+        values["mode"] = "streams"  # plain decode of several streams in flight is the streams mode
+    if values["streams"] > 1 and values["mode"] != "streams":
+        raise ConfigError(f"decode.mode {values['mode']!r} runs one stream; several streams need mode \"streams\" "
+                          f"(or \"plain\")", source=source, key="decode.streams")
     return DecodeConfig(**values)
 
 

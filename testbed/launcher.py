@@ -22,7 +22,7 @@ from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, PeerTimeout
 from testbed.core.records import LapRecord
-from testbed.core.summary import DilationSummary, RunSummary
+from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
 from testbed.dilation import box_scenario
 from testbed.dilation import resolve as resolve_dilation
 from testbed.runlog import RunLog
@@ -83,7 +83,8 @@ class Launcher:
         runner = MODES[sc.decode.mode].runner
         return [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
                           compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
-                          listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor)
+                          listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
+                          per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token)
                 for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
 
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
@@ -110,6 +111,11 @@ class Launcher:
                 return
             if event.get("event") == "finished":  # set here, before supervise() can see the exit
                 handle.finished = True
+                return
+            if event.get("event") == "usage":  # may come after the entry's "done": kept here, not queued
+                self.runlog.agent_usage[handle.stage] = AgentUsage(
+                    handle.stage, handle.name, float(event["wall_s"]), float(event["cpu_s"]),
+                    float(event["max_rss_mb"]))
                 return
             self.events_send.send_nowait((handle.stage, event))
 

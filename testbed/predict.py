@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from testbed.core import physics
-from testbed.runlog import RunLog
+from testbed.runlog import RunLog, StreamsWindow
 
 
 def wall_tok_s(log: RunLog) -> float | None:
@@ -32,3 +32,12 @@ def predicted_tok_s(log: RunLog) -> float | None:
     """The headline prediction: the speculative rate once there are rounds, else the wall."""
     spec = spec_tok_s(log)
     return spec if spec is not None else wall_tok_s(log)
+
+
+def streams_rates(log: RunLog, window: StreamsWindow) -> tuple[float, float, list[float]]:
+    """(per-stream tok/s, aggregate tok/s, each stage's utilization) of physics.streams_rates for the run's M and
+    batching, with the window's measured cost of a forward pass (testbed.streams_summary.predicted_rates)."""
+    from testbed.streams_summary import predicted_rates
+
+    per, aggregate, busy, _ceiling = predicted_rates(log.scenario, list(window.stage_pass_s))
+    return per, aggregate, busy

@@ -1,4 +1,4 @@
-"""`testbed report`: figures and a markdown table of measured vs predicted from JSON run summaries."""
+"""`testbed report`: figures and a markdown table of measured vs predicted from JSON run summaries and regime maps."""
 
 from __future__ import annotations
 
@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary, SpecSummary
-from testbed.figures import plot_spec, plot_wall
+from testbed.figures import plot_spec, plot_streams, plot_ttft, plot_wall
+from testbed.regimes import KINDS, RegimeRow, RegimesResult
 
 DEFAULT_OUT_DIR: Final = "out/report"
 WALL_FIGURE: Final = "fig1_wall.png"
 SPEC_FIGURE: Final = "fig2_spec.png"
+STREAMS_FIGURE: Final = "fig3_streams.png"
+TTFT_FIGURE: Final = "fig4_ttft.png"
 REPORT_MD: Final = "report.md"
 DASH: Final = "–"
 
@@ -45,6 +49,14 @@ SPEC_FIGURES: Final[tuple[tuple[str, Callable[[SpecSummary], Any], float | None]
     ("k_star", lambda spec: spec.k_star, 1.0),
     ("k_star_tok_s", lambda spec: spec.k_star_tok_s, 0.0),
 )
+# What each regime's rows must carry besides measured and predicted (the figures read them).
+REGIME_ROW_FIGURES: Final[dict[str, tuple[str, ...]]] = {
+    "ttft": ("prompt_tokens", "rate_mbit"),
+    "streams": ("streams", "per_stream_tok_s", "per_stream_predicted_tok_s", "per_stream_min_tok_s",
+                "ceiling_tok_s"),
+    "decode": (),
+    "speculative": (),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,22 @@ class SourcedSummary:
 
     source: str
     summary: RunSummary
+
+
+@dataclass(frozen=True)
+class SourcedRegimes:
+    """One regime map (`testbed regimes` JSON) and where it came from."""
+
+    source: str
+    result: RegimesResult
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a report reads: run summaries and regime maps, in the order given."""
+
+    runs: list[SourcedSummary]
+    regimes: list[SourcedRegimes]
 
 
 # ---------------------------------------------------------------- loading and validation
@@ -100,6 +128,42 @@ def parse_summary(data: Any, source: str) -> SourcedSummary:
     return SourcedSummary(source, summary)
 
 
+def check_regime_row(row: RegimeRow, source: str, where: str) -> None:
+    """A row's regime is known and the numbers its figures read are present; errors name the row's field."""
+    if row.regime not in KINDS:
+        raise ConfigError(f"expected one of {', '.join(KINDS)}, got {row.regime!r}", source=source,
+                          key=f"{where}.regime")
+    _check_number(row.measured, 0.0, source, f"{where}.measured")
+    _check_number(row.predicted, 0.0, source, f"{where}.predicted")
+    _check_number(row.error_pct, None, source, f"{where}.error_pct")
+    for key in REGIME_ROW_FIGURES[row.regime]:
+        _check_number(getattr(row, key), 0.0, source, f"{where}.{key}")
+    if row.regime == "streams" and row.batching not in BATCHING:
+        raise ConfigError(f"expected one of {', '.join(BATCHING)}, got {row.batching!r}", source=source,
+                          key=f"{where}.batching")
+
+
+def parse_regimes(data: dict, source: str) -> SourcedRegimes:
+    """A `testbed regimes` JSON object -> a checked RegimesResult; field errors become ConfigError."""
+    try:
+        result = RegimesResult.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"not a regimes result: {exc}", source=source) from exc
+    if not result.rows:
+        raise ConfigError("expected at least one row", source=source, key="rows")
+    for i, row in enumerate(result.rows):
+        check_regime_row(row, source, f"rows[{i}]")
+    return SourcedRegimes(source, result)
+
+
+def _parse(data: Any, source: str, inputs: Inputs) -> None:
+    """One JSON object into `inputs`: a regime map has "rows", anything else must be a run summary."""
+    if isinstance(data, dict) and "rows" in data:
+        inputs.regimes.append(parse_regimes(data, source))
+    else:
+        inputs.runs.append(parse_summary(data, source))
+
+
 def _json_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.json") if p.is_file())
@@ -111,9 +175,10 @@ def _json_files(path: Path) -> list[Path]:
     return [path]
 
 
-def load_summaries(paths: Iterable[str | Path]) -> list[SourcedSummary]:
-    """Every run summary in `paths` (files holding one summary or a list of them, e.g. a sweep, or directories)."""
-    loaded: list[SourcedSummary] = []
+def load_inputs(paths: Iterable[str | Path]) -> Inputs:
+    """Every run summary and regime map in `paths` (files holding one object or a list, e.g. a sweep, or
+    directories of them)."""
+    loaded = Inputs([], [])
     for path in paths:
         for file in _json_files(Path(path)):
             try:
@@ -125,10 +190,11 @@ def load_summaries(paths: Iterable[str | Path]) -> list[SourcedSummary]:
             if isinstance(data, list):
                 if not data:
                     raise ConfigError("empty list: no run summaries", source=str(file))
-                loaded += [parse_summary(item, f"{file}[{i}]") for i, item in enumerate(data)]
+                for i, item in enumerate(data):
+                    _parse(item, f"{file}[{i}]", loaded)
             else:
-                loaded.append(parse_summary(data, str(file)))
-    if not loaded:
+                _parse(data, str(file), loaded)
+    if not loaded.runs and not loaded.regimes:
         raise ConfigError("no run summaries given")
     return loaded
 
@@ -192,29 +258,51 @@ def _per_k_rows(runs: Sequence[SourcedSummary]) -> list[str]:
     return lines
 
 
-def render_markdown(runs: Sequence[SourcedSummary], figures: Sequence[str]) -> str:
-    """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep."""
+def _regime_rows(maps: Sequence[SourcedRegimes]) -> list[str]:
+    lines = []
+    for item in maps:
+        r = item.result
+        lines += [
+            f"{item.source}: {r.scenario}, {r.stages} stages, C {r.compute_s * 1e3:.1f} ms, "
+            f"T_ring {r.t_ring_s * 1e3:.1f} ms, shaper {r.shaper or DASH}.",
+            "",
+            "| source | regime | point | unit | measured | predicted | error (%) |",
+            "|---|---|---|---|---:|---:|---:|",
+        ]
+        for row in r.rows:
+            unit, scale = ("ms", 1e3) if row.unit == "s" else (row.unit, 1.0)
+            lines.append(f"| {item.source} | {row.regime} | {row.label} | {unit} | {row.measured * scale:.2f} | "
+                         f"{row.predicted * scale:.2f} | {row.error_pct:+.1f} |")
+        lines.append("")
+    return lines
+
+
+def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
+    """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep, and
+    every point of every regime map."""
+    runs = inputs.runs
     lines = [
         "# geo-ring report",
         "",
-        f"{len(runs)} run summaries. Predicted = each run's own prediction: r = 1/(C + T_ring) with the configured "
-        "T_ring and the measured C; for speculation r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and "
-        "draft time (Γ predicted = Γ(α̂, K) from the measured acceptance α̂). "
-        "Error = (measured - predicted) / predicted.",
+        f"{len(runs)} run summaries, {len(inputs.regimes)} regime maps. Predicted = each run's own prediction: "
+        "r = 1/(C + T_ring) with the configured T_ring and the measured C; for speculation "
+        "r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and draft time (Γ predicted = Γ(α̂, K) from the "
+        "measured acceptance α̂); for M streams physics.streams_rates; for TTFT C_prefill + T_ring + the "
+        "prompt's serialization. Error = (measured - predicted) / predicted.",
         "",
         *(f"![{Path(name).stem}]({name})" for name in figures),
-        "",
-        "## Measured vs predicted",
-        "",
-        *_run_rows(runs),
     ]
+    if runs:
+        lines += ["", "## Measured vs predicted", "", *_run_rows(runs)]
     spec_runs = [run for run in runs if run.summary.spec is not None]
     if spec_runs:
         lines += ["", "## Speculation", "", *_spec_rows(spec_runs)]
     sweeps = [run for run in spec_runs if run.summary.spec.per_k]
     if sweeps:
         lines += ["", "## K sweeps", "", *_per_k_rows(sweeps)]
-    return "\n".join(lines) + "\n"
+    if inputs.regimes:
+        lines += ["", "## Regimes", "", *_regime_rows(inputs.regimes)]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 # ---------------------------------------------------------------- CLI
@@ -223,25 +311,33 @@ def render_markdown(runs: Sequence[SourcedSummary], figures: Sequence[str]) -> s
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="testbed report",
-        description="Figures (fig1_wall.png, fig2_spec.png) and report.md of measured vs predicted from run summaries.")
+        description="Figures (fig1_wall.png, fig2_spec.png, fig3_streams.png, fig4_ttft.png) and report.md of "
+                    "measured vs predicted from run summaries and regime maps.")
     parser.add_argument("results", nargs="+", metavar="RESULTS",
-                        help="JSON run summaries (one object or a list per file) or directories of *.json")
+                        help="JSON run summaries or `testbed regimes` results (one object or a list per file) or "
+                             "directories of *.json")
     parser.add_argument("--out", default=DEFAULT_OUT_DIR, metavar="DIR",
                         help=f"output directory (default: {DEFAULT_OUT_DIR})")
     return parser
 
 
-def write_report(runs: Sequence[SourcedSummary], out_dir: Path) -> list[Path]:
+def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
     """Write the figures and report.md into out_dir; returns the paths written."""
-    summaries = [run.summary for run in runs]
+    summaries = [run.summary for run in inputs.runs]
+    results = [item.result for item in inputs.regimes]
+    rows = [row for result in results for row in result.rows]
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / WALL_FIGURE]
-    plot_wall(summaries, written[0])
-    if any(s.is_speculative for s in summaries):
-        written.append(out_dir / SPEC_FIGURE)
-        plot_spec(summaries, written[-1])
+    plans = ((WALL_FIGURE, plot_wall, summaries, bool(summaries)),
+             (SPEC_FIGURE, plot_spec, summaries, any(s.is_speculative for s in summaries)),
+             (STREAMS_FIGURE, plot_streams, results, any(row.regime == "streams" for row in rows)),
+             (TTFT_FIGURE, plot_ttft, results, any(row.regime == "ttft" for row in rows)))
+    written: list[Path] = []
+    for name, plot, data, needed in plans:
+        if needed:
+            written.append(out_dir / name)
+            plot(data, written[-1])
     markdown = out_dir / REPORT_MD
-    markdown.write_text(render_markdown(runs, [p.name for p in written]), encoding="utf-8")
+    markdown.write_text(render_markdown(inputs, [p.name for p in written]), encoding="utf-8")
     return [*written, markdown]
 
 
@@ -251,8 +347,10 @@ def main(argv: list[str]) -> int:
         python -m testbed report results/ more.json --out out/report
 
     writes `fig1_wall.png` (the wall, seed 000 Figure 1, with the measured points), `fig2_spec.png` (r_spec
-    vs K per alpha, seed 000 Figure 2, only when speculative runs are present) and `report.md`. Every
-    "predicted" figure is the run's own, as its summarizer wrote it into the RunSummary.
+    vs K per alpha, seed 000 Figure 2, only when speculative runs are present) and `report.md`. A regime map
+    (`testbed regimes` JSON, told apart by its "rows") adds `fig3_streams.png` (aggregate and per-stream rate
+    vs M per batching policy) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate). Every "predicted"
+    figure is the run's own, as its summarizer wrote it into the RunSummary or RegimeRow.
     """
     parser = build_parser()
     try:
@@ -260,12 +358,12 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse has printed usage; hand its status back instead of exiting
         return int(exc.code or 0)
     try:
-        runs = load_summaries(args.results)
+        inputs = load_inputs(args.results)
     except ConfigError as exc:
         print(f"testbed report: error: {exc}", file=sys.stderr)
         return 2
     try:
-        written = write_report(runs, Path(args.out))
+        written = write_report(inputs, Path(args.out))
     except OSError as exc:
         print(f"testbed report: error: cannot write into {args.out}: {exc}", file=sys.stderr)
         return 1

@@ -5,18 +5,21 @@ from __future__ import annotations
 import bisect
 import collections
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from testbed.config import Scenario
 from testbed.core.decode import MODES
 from testbed.core.records import LapRecord
-from testbed.core.summary import DilationSummary
+from testbed.core.summary import AgentUsage, DilationSummary
 
 DECODE_KINDS = ("decode", "spec")  # laps that produce decode tokens (prefill and probes do not)
 RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
 MAX_HISTORY_POINTS = 2000
 QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps
 SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
+STREAMS_MODE = "streams"
+STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
 
 
 class RunningHistogram:
@@ -52,6 +55,53 @@ def latency_buckets(centres_s: list[float], step: float = 0.005, span: int = 8) 
     coarse = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
     fine = {round(c * (1 + step * i), 9) for c in centres_s if c > 0 for i in range(-span, 3 * span + 1)}
     return tuple(sorted(set(coarse) | fine))
+
+
+def rate_buckets(centres_tok_s: list[float], step: float = 0.005, span: int = 8) -> tuple[float, ...]:
+    """Buckets for a tokens/s histogram: 1-2-5 decades from 0.1 to 10^4, and a 0.5%-step grid around each centre.
+
+    The grid reaches further below a centre than above it: a measured rate falls short of its closed form.
+    """
+    coarse = tuple(m * 10.0 ** e for e in range(-1, 5) for m in (1, 2, 5))
+    fine = {round(c * (1 + step * i), 9) for c in centres_tok_s if c > 0 for i in range(-3 * span, span + 1)}
+    return tuple(sorted(set(coarse) | fine))
+
+
+@dataclass(frozen=True)
+class StreamsWindow:
+    """The streams mode over its recent decode laps (RunLog.streams_recent): what its gauges show.
+
+    Laps end where the entry takes a stream's frame up, one token each, so the ring's aggregate rate is the
+    tokens of the laps that ended after the oldest one, over the time from that end to the newest. A frame
+    computed in a batch of b owns 1/b of that forward pass: summing c/b and 1/b over frames gives each
+    stage's busy time and its number of passes without telling the batches apart.
+    """
+
+    span_s: float  # oldest lap end to newest lap end
+    aggregate_tok_s: float
+    stage_pass_s: tuple[float, ...]  # mean cost of one forward pass (batched: of the whole batch)
+    stage_batch_mean: tuple[float, ...]  # mean frames per forward pass
+    stage_busy: tuple[float, ...]  # share of span_s each stage computed
+
+    @classmethod
+    def of(cls, laps: Sequence[LapRecord], n_stages: int) -> "StreamsWindow | None":
+        """None until the window holds two distinct lap ends."""
+        if not laps:
+            return None
+        oldest, newest = min(lap.end for lap in laps), max(lap.end for lap in laps)
+        if newest <= oldest:
+            return None
+        span_s = newest - oldest
+        passes, pass_s, busy_s = [0.0] * n_stages, [0.0] * n_stages, [0.0] * n_stages
+        for lap in laps:
+            for i, (stamp, compute_s) in enumerate(zip(lap.stamps[:n_stages], lap.stage_compute_s())):
+                passes[i] += 1.0 / stamp.batch
+                pass_s[i] += compute_s / stamp.batch
+                if lap.end > oldest:
+                    busy_s[i] += compute_s / stamp.batch
+        return cls(span_s, sum(lap.tokens for lap in laps if lap.end > oldest) / span_s,
+                   tuple(s / n for s, n in zip(pass_s, passes)), tuple(len(laps) / n for n in passes),
+                   tuple(s / span_s for s in busy_s))
 
 
 @dataclass
@@ -93,6 +143,7 @@ class RunLog:
         self.token_ids: list[int] = []
         self.history: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_HISTORY_POINTS)
         self.generated_tokens: int | None = None
+        self.agent_usage: dict[int, AgentUsage] = {}  # stage -> what the agent reported at its end
         self._recent: collections.deque[LapRecord] = collections.deque(maxlen=RATE_WINDOW_LAPS)
         # running aggregates, O(1) per lap: what the Prometheus collector reads at scrape time
         sc = scenario
@@ -121,6 +172,19 @@ class RunLog:
         self.spec_draft_s_sum = 0.0
         self.spec_compute_s_sum = 0.0
         self.spec_k_counts: collections.Counter[int] = collections.Counter()  # rounds at each K
+        # the streams mode: tokens per stream (prefills included) to count the finished ones, and its decode laps
+        self.stream_tokens: collections.Counter[int] = collections.Counter()
+        self.streams_finished = 0
+        self.streams_recent: collections.deque[LapRecord] = collections.deque(
+            maxlen=STREAMS_WINDOW_LAPS_PER_STREAM * sc.decode.streams)
+        lone_lap_s = sc.emulated_compute_s + sc.t_ring_s  # a stream alone on the ring laps in C + T_ring
+        self.stream_rate = RunningHistogram(rate_buckets([1.0 / lone_lap_s] if lone_lap_s > 0 else []))
+        self.stage_queue = [RunningHistogram(compute_buckets) for _ in sc.stages]
+
+    @property
+    def streams_in_flight(self) -> int:
+        """decode.streams less the streams that have produced all their decode.tokens tokens."""
+        return self.scenario.decode.streams - self.streams_finished
 
     def add_probe(self, record: LapRecord) -> None:
         self.probes.append(record)
@@ -128,7 +192,13 @@ class RunLog:
     def add_lap(self, record: LapRecord) -> None:
         """Append one lap and update every running aggregate: O(1) in the number of laps so far."""
         self.laps.append(record)
-        self.token_ids.extend(record.ids)
+        if record.mode == STREAMS_MODE:
+            before = self.stream_tokens[record.stream]
+            self.stream_tokens[record.stream] += record.tokens
+            if before < self.scenario.decode.tokens <= before + record.tokens:
+                self.streams_finished += 1
+        if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
+            self.token_ids.extend(record.ids)
         compute, real = record.stage_compute_s(), record.stage_real_s()
         for aggregate, c, r in zip(self.stages, compute, real):
             aggregate.compute.observe(c)
@@ -165,9 +235,19 @@ class RunLog:
             self.spec_draft_s_sum += record.extra["draft_s"]
             self.spec_compute_s_sum += sum(compute)
             self.spec_k_counts[k] += 1
+        if record.mode == STREAMS_MODE:
+            self.streams_recent.append(record)
+            if record.duration_s > 0:
+                self.stream_rate.observe(record.tokens / record.duration_s)
+            for histogram, wait_s in zip(self.stage_queue, record.stage_queue_s()):
+                histogram.observe(wait_s)
         self._recent.append(record)
         rate = sum(lap.tokens for lap in self._recent) / sum(lap.duration_s for lap in self._recent)
         self.history.append((time.monotonic() - self.started_at, rate))
+
+    def streams_window(self) -> StreamsWindow | None:
+        """The streams gauges' figures over streams_recent (computed at scrape time, not per lap)."""
+        return StreamsWindow.of(self.streams_recent, self.scenario.n_stages)
 
     @property
     def measured_tok_s(self) -> float | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from agents.model import decode as decode_bytes
@@ -9,6 +11,8 @@ from testbed.core import physics
 from testbed.core.decode import MODES, resolve
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
 from testbed import predict
+from testbed.config import Scenario
+from testbed.core.records import LapRecord
 from testbed.runlog import DECODE_KINDS, RunLog
 
 SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
@@ -28,6 +32,42 @@ def self_check(log: RunLog) -> tuple[LinkCheck, ...] | None:
         tolerance = SELF_CHECK_BASE_TOLERANCE_MS + 0.02 * link.delay_ms + 3 * link.jitter_ms
         checks.append(LinkCheck(link.name, link.delay_ms, measured, tolerance, abs(measured - link.delay_ms) <= tolerance))
     return tuple(checks)
+
+
+def first_prefill(laps: list[LapRecord]) -> list[LapRecord]:
+    """The laps of the run's first prompt: one prefill lap, or its chunks (extra chunk/chunks) in order."""
+    group = []
+    for lap in laps:
+        if lap.kind != "prefill":
+            continue
+        group.append(lap)
+        if lap.extra.get("chunk", 0) + 1 >= lap.extra.get("chunks", 1):
+            break
+    return group
+
+
+def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
+    """The first prompt against C_prefill(P) + T_ring + its serialization (Eq. 5; pipelined over the stages
+    when it went in chunks: physics.ttft_pipelined), with the measured compute and configured links."""
+    rates = [link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf for link in sc.ring]
+    service, xmit = [], 0.0
+    for lap in chunks:
+        row = []
+        hop_bytes = lap.hop_bytes()
+        for i, stamp in enumerate(lap.stamps):
+            row.append(stamp.compute_end - stamp.compute_start)
+            if i < len(hop_bytes):
+                row.append(0.0 if math.isinf(rates[i]) else hop_bytes[i] / rates[i])
+        xmit += sum(row[1::2])
+        service.append(row)
+    last = chunks[-1]
+    head = (last.head.end - last.head.start) if last.head is not None else 0.0
+    predicted = physics.ttft_pipelined(service, sc.t_ring_s, head)
+    per_hop = np.sum([lap.hop_bytes() for lap in chunks], axis=0) if chunks[0].hop_bytes() else None  # every chunk
+    return TtftSummary(sum(lap.n_tok for lap in chunks), last.end - chunks[0].start,
+                       sum(lap.compute_s for lap in chunks), predicted, xmit,
+                       int(np.mean(per_hop)) if per_hop is not None else None,
+                       chunks=len(chunks))
 
 
 def summarize(log: RunLog) -> RunSummary:
@@ -52,14 +92,12 @@ def summarize(log: RunLog) -> RunSummary:
                                    float(stage_real[:, i].mean()) * 1e3 if decode else None)
                       for i, st in enumerate(sc.stages))
     prefill = [lap for lap in log.laps if lap.kind == "prefill"]
-    ttft = None
-    if prefill:
-        first = prefill[0]
-        ttft = TtftSummary(first.n_tok, first.duration_s, first.compute_s, physics.ttft(first.compute_s, sc.t_ring_s))
-    mode_summary = None
-    summarizer = MODES[sc.decode.mode].summarizer
-    if summarizer is not None:
-        mode_summary = resolve(summarizer)(log.laps, sc)
+    ttft = ttft_summary(first_prefill(log.laps), sc) if prefill else None
+    mode_summaries = {}
+    info = MODES[sc.decode.mode]
+    if info.summarizer is not None:
+        mode_summaries[info.summary_field] = resolve(info.summarizer)(log.laps, sc)
+    streams = mode_summaries.get("streams")
     # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
     residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.extra.get("draft_s", 0.0)
                                for lap in decode])) * 1e3 if decode else None)
@@ -69,12 +107,16 @@ def summarize(log: RunLog) -> RunSummary:
         hops_ms=tuple(link.delay_ms for link in sc.ring), tokens=log.decode_tokens, laps=log.decode_laps,
         wall_s=log.decode_wall_s, compute_s=compute, compute_real_s=log.mean_real_s, t_ring_s=sc.t_ring_s,
         t_ring_measured_s=log.mean_ring_s if sc.n_stages > 1 else (0.0 if decode else None),
-        measured_tok_s=measured, predicted_tok_s=predicted,
-        error_pct=(measured / predicted - 1) * 100 if measured and predicted else None,
+        # several streams: the headline is the aggregate rate of the ring, next to its prediction
+        measured_tok_s=streams.aggregate_tok_s if streams else measured,
+        predicted_tok_s=streams.aggregate_predicted_tok_s if streams else predicted,
+        error_pct=(streams.aggregate_error_pct if streams else
+                   (measured / predicted - 1) * 100 if measured and predicted else None),
         lap_residual_ms=residual, per_hop=tuple(per_hop), per_stage=per_stage,
         overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
-        ttft=ttft, self_check=self_check(log), spec=mode_summary,
+        ttft=ttft, self_check=self_check(log), **mode_summaries,
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts=log.shaper_facts, dilation=log.dilation,
+        agents=tuple(usage for _, usage in sorted(log.agent_usage.items())),
     )

@@ -19,6 +19,8 @@ from testbed.core.summary import RunSummary
 DATA = Path(__file__).resolve().parent / "data"
 PLAIN = RunSummary.from_json((DATA / "summary-plain.json").read_text(encoding="utf-8"))
 SPEC = RunSummary.from_json((DATA / "summary-speculative.json").read_text(encoding="utf-8"))
+# A real run of tests/data/small.toml (testbed run ... --set decode.streams=4 --set decode.tokens=12).
+STREAMS = RunSummary.from_json((DATA / "summary-streams.json").read_text(encoding="utf-8"))
 # Before the first decode lap: the ring is known, nothing is measured.
 EARLY = replace(
     PLAIN, tokens=0, laps=0, wall_s=0.0, compute_s=None, compute_real_s=None, t_ring_measured_s=None,
@@ -108,7 +110,8 @@ def test_wide_terminal_uses_more_space_and_detail():
 
 
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (80, 14), (60, 20), (50, 12), (40, 6), (200, 60)])
-@pytest.mark.parametrize("summary", [PLAIN, SPEC, EARLY, None], ids=["plain", "spec", "early", "none"])
+@pytest.mark.parametrize("summary", [PLAIN, SPEC, STREAMS, EARLY, None],
+                         ids=["plain", "spec", "streams", "early", "none"])
 def test_every_size_fits_and_keeps_the_rate(summary, width, height):
     lines = capture(summary, width, height)
     assert_fits(lines, width, height)
@@ -166,6 +169,83 @@ def test_render_summary_has_one_row_per_phase():
                      spec_row.rstrip()), spec_row
     assert plain.rstrip().endswith("–")  # no speculation columns for the plain phase
     assert f"shaper {PLAIN.shaper}" in lines[0]
+
+
+def busiest(summary: RunSummary) -> tuple[str, float, float]:
+    """The busiest stage of a streams summary, found here independently of the renderer."""
+    st = summary.streams
+    busy, i = max((busy, i) for i, busy in enumerate(st.stage_busy))
+    return summary.stage_names[i], busy, st.stage_busy_predicted[i]
+
+
+def test_streams_recording_is_what_the_tests_assume():
+    st = STREAMS.streams
+    assert STREAMS.mode == "streams" and STREAMS.spec is None and st is not None
+    assert st.streams == 4 and st.batching == "none" and len(st.per_stream_tok_s) == 4
+    assert len(set(st.stage_busy)) == len(st.stage_busy)  # one stage is the busiest
+
+
+def test_streams_line_shows_aggregate_per_stream_ceiling_and_busiest_stage():
+    st = STREAMS.streams
+    name, busy, busy_predicted = busiest(STREAMS)
+    expected = [f"streams M={st.streams} {st.batching}",
+                f"aggregate {st.aggregate_tok_s:.2f} tok/s (pred {st.aggregate_predicted_tok_s:.2f}, "
+                f"{st.aggregate_error_pct:+.1f}%)",
+                f"ceiling {st.ceiling_tok_s:.1f}",
+                f"per stream p50 {st.per_stream_p50_tok_s:.2f} min {st.per_stream_min_tok_s:.2f} "
+                f"(pred {st.per_stream_predicted_tok_s:.2f})",
+                f"busiest {name} {busy:.0%} (pred {busy_predicted:.0%})"]
+    narrow = capture(STREAMS, 80, 24)
+    assert_fits(narrow, 80, 24)
+    start = next(i for i, line in enumerate(narrow) if line.startswith("streams "))
+    two_lines = " ".join(narrow[start:start + 2])
+    assert all(part in two_lines for part in expected), two_lines
+    wide = capture(STREAMS, *WIDE)
+    assert_fits(wide, *WIDE)
+    line = next(line for line in wide if line.startswith("streams "))
+    assert all(part in line for part in expected), line
+    assert not any(line.startswith("spec ") for line in wide)
+
+
+def test_streams_figures_are_read_from_the_summary():
+    odd = replace(STREAMS, streams=replace(STREAMS.streams, aggregate_predicted_tok_s=123.45, aggregate_error_pct=-9.9,
+                                           per_stream_predicted_tok_s=6.78, ceiling_tok_s=432.1,
+                                           stage_busy_predicted=(0.11, 0.22, 0.33)))
+    name, busy, busy_predicted = busiest(odd)
+    assert busy_predicted in (0.11, 0.22, 0.33)
+    text = " ".join(capture(odd, *WIDE))
+    assert "(pred 123.45, -9.9%)" in text and "(pred 6.78)" in text and "ceiling 432.1" in text
+    assert f"busiest {name} {busy:.0%} (pred {busy_predicted:.0%})" in text
+    line = render_line(odd)
+    assert "\n" not in line and line.isascii()
+    for part in ("streams=4", "batching=none", f"aggregate={odd.streams.aggregate_tok_s:.2f}/123.45tok/s",
+                 f"per_stream_p50={odd.streams.per_stream_p50_tok_s:.2f}",
+                 f"per_stream_min={odd.streams.per_stream_min_tok_s:.2f}", "per_stream_predicted=6.78tok/s",
+                 "ceiling=432.10tok/s", f"busiest={busy:.2f}"):
+        assert part in line, part
+    assert "streams=" not in render_line(PLAIN)
+
+
+def test_render_summary_adds_the_streams_table():
+    console = Console(record=True, width=80, file=io.StringIO())
+    console.print(render_summary([PLAIN, STREAMS]))
+    lines = console.export_text().split("\n")
+    assert_fits(lines, 80, 100)
+    row = next(line for line in lines if line.strip().startswith("streams"))
+    cells = [f"{STREAMS.t_ring_s * 1e3:.1f}", f"{STREAMS.compute_s * 1e3:.1f}", str(STREAMS.laps),
+             f"{STREAMS.streams.aggregate_tok_s:.2f}", f"{STREAMS.streams.aggregate_predicted_tok_s:.2f}",
+             f"{STREAMS.streams.aggregate_error_pct:+.1f}"]
+    assert re.search(" +".join(map(re.escape, cells)), row), (cells, row)  # the headline is the aggregate
+    st = STREAMS.streams
+    name, busy, busy_predicted = busiest(STREAMS)
+    per_stream = next(line for line in lines if line.startswith(STREAMS.scenario + " "))
+    cells = [str(st.streams), st.batching, f"{st.per_stream_p50_tok_s:.2f}", f"{st.per_stream_min_tok_s:.2f}",
+             f"{st.per_stream_predicted_tok_s:.2f}", f"{st.ceiling_tok_s:.1f}", name,
+             f"{busy:.0%}/{busy_predicted:.0%}"]
+    assert re.search(" +".join(map(re.escape, cells)), per_stream), (cells, per_stream)
+    plain_only = Console(record=True, width=80, file=io.StringIO())
+    plain_only.print(render_summary([PLAIN]))
+    assert "per stream" not in plain_only.export_text()
 
 
 class SummarySource:

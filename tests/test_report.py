@@ -160,3 +160,83 @@ def test_module_entry_point_runs_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "broken.json" in result.stderr and "missing field(s)" in result.stderr and "t_ring_s" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- regime maps (`testbed regimes` JSON)
+
+REGIMES_FILE = DATA / "regimes-small.json"  # a real `testbed regimes` run of tests/data/small.toml
+REGIMES_DICT = json.loads(REGIMES_FILE.read_text(encoding="utf-8"))
+
+
+def test_report_from_a_regimes_file_draws_streams_and_ttft_and_tables_every_row(tmp_path):
+    out = tmp_path / "out"
+    assert report.main([str(REGIMES_FILE), "--out", str(out)]) == 0
+
+    assert_png(out / "fig3_streams.png")
+    assert_png(out / "fig4_ttft.png")
+    assert not (out / "fig1_wall.png").exists() and not (out / "fig2_spec.png").exists()  # no run summaries
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "![fig3_streams](fig3_streams.png)" in markdown and "![fig4_ttft](fig4_ttft.png)" in markdown
+    table = [line for line in markdown.split("## Regimes")[1].splitlines() if line.startswith(f"| {REGIMES_FILE} |")]
+    assert len(table) == len(REGIMES_DICT["rows"]) == 18
+    for line, row in zip(table, REGIMES_DICT["rows"]):
+        scale, unit = (1e3, "ms") if row["regime"] == "ttft" else (1.0, "tok/s")
+        assert line == cells(str(REGIMES_FILE), row["regime"], row["label"], unit, f"{row['measured'] * scale:.2f}",
+                             f"{row['predicted'] * scale:.2f}", f"{row['error_pct']:+.1f}")
+
+
+def test_regimes_and_run_summaries_report_together(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for file in (PLAIN_FILE, REGIMES_FILE):
+        shutil.copy(file, results / file.name)
+    out = tmp_path / "out"
+    assert report.main([str(results), "--out", str(out)]) == 0
+    for name in ("fig1_wall.png", "fig3_streams.png", "fig4_ttft.png"):
+        assert_png(out / name)
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "1 run summaries, 1 regime maps" in markdown
+    assert markdown_row(markdown, str(results / PLAIN_FILE.name))
+    assert markdown.index("## Measured vs predicted") < markdown.index("## Regimes")
+
+
+def test_regime_series_group_by_batching_and_link_rate():
+    result = report.load_inputs([REGIMES_FILE]).regimes[0].result
+    streams = figures.streams_series([result])
+    assert list(streams) == ["batching none", "batching continuous"]
+    for name, rows in streams.items():
+        expected = [r for r in REGIMES_DICT["rows"] if r["regime"] == "streams" and name.endswith(r["batching"])]
+        assert [row.streams for row in rows] == [1, 2, 3, 6, 12]
+        assert [row.measured for row in rows] == [r["measured"] for r in expected]
+    ttft = figures.ttft_series([result])
+    assert list(ttft) == ["W unlimited", "W = 10 Mbit/s"]
+    assert all([row.prompt_tokens for row in rows] == [16, 128, 240] for rows in ttft.values())
+    two = figures.streams_series([result, result])
+    assert list(two) == ["small, batching none", "small, batching continuous"]
+    assert len(two["small, batching none"]) == 10
+
+
+def with_row(index: int, **changes) -> dict:
+    rows = [dict(row) for row in REGIMES_DICT["rows"]]
+    rows[index] = {key: value for key, value in {**rows[index], **changes}.items() if value != "drop"}
+    return {**REGIMES_DICT, "rows": rows}
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (with_row(3, measured="drop"), "not a regimes result: RegimesResult.rows[3]: missing field(s) measured"),
+    (without(REGIMES_DICT, "stages"), "not a regimes result: RegimesResult: missing field(s) stages"),
+    (with_row(0, speed=1.0), "RegimesResult.rows[0]: unknown field(s) speed"),
+    (with_row(7, per_stream_tok_s=None), "rows[7].per_stream_tok_s: expected a number, got null"),
+    (with_row(0, prompt_tokens=None), "rows[0].prompt_tokens: expected a number, got null"),
+    (with_row(8, batching="greedy"), "rows[8].batching: expected one of none, continuous, got 'greedy'"),
+    (with_row(1, regime="prefill"), "rows[1].regime: expected one of ttft, streams, decode, speculative"),
+    (with_row(16, predicted="fast"), "rows[16].predicted: expected a finite number, got 'fast'"),
+    ({**REGIMES_DICT, "rows": []}, "rows: expected at least one row"),
+])
+def test_bad_regimes_input_exits_2_naming_file_and_field(tmp_path, capsys, content, expected):
+    bad = write(tmp_path / "bad_regimes.json", content)
+    assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and expected in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()

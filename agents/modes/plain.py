@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from agents.model import encode as encode_text
+from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core.decode import DecodeConfig
 
@@ -33,8 +33,10 @@ class PlainMode:
     async def run(self) -> int:
         """Decode config.tokens tokens; returns how many were generated."""
         block_size = self.ring.stage.model.config.block_size
-        sequence = encode_text(self.config.prompt)[-(block_size // 2):]
-        sequence.append(await self.step(sequence, 0, "prefill"))
+        sequence = prompt_ids(self.config, block_size)
+        token, record = await self.ring.prefill(sequence, self.config.prefill_chunk, self.sample)
+        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        sequence.append(token)
         generated = 1
         while generated < self.config.tokens:
             if len(sequence) >= block_size:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from agents.model import GPT, KVCache
-from agents.model import encode as encode_text
+from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
@@ -288,7 +288,7 @@ class SpeculativeMode:
     async def run(self) -> int:
         config = self.config
         block_size = self.ring.stage.model.config.block_size
-        prompt = encode_text(config.prompt)[-(block_size // 2):]
+        prompt = prompt_ids(config, block_size)
         next_k = k_schedule(config)
         sweeping = bool(config.k_sweep)
         await self.restart(prompt, 0)

@@ -8,6 +8,8 @@ from testbed.core.records import JsonRecord
 
 K_MAX_BOUND = 64  # the largest draft length any setting may ask for
 DRAFT_KINDS = ("trained", "calibrated")
+BATCHING = ("none", "continuous")
+MAX_STREAMS = 256
 
 
 @dataclass(frozen=True)
@@ -15,8 +17,12 @@ class DecodeConfig(JsonRecord):
     """[decode] of a scenario. Defaults live here once; agents get it as JSON and rebuild this very class."""
 
     mode: str = "plain"  # a key of MODES
-    tokens: int = 32
+    tokens: int = 32  # per stream
     prompt: str = "def main():\n    "
+    prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.prompts), not `prompt`
+    prefill_chunk: int = 0  # > 0: plain decode prefills the prompt in chunks of this many tokens, pipelined
+    streams: int = 1  # sequences in flight (the streams mode); each stage keeps one KV cache per stream
+    batching: str = "none"  # streams: "none" (one frame per forward pass) or "continuous" (all queued frames)
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0
     k: int | str = 4  # speculation: draft length, or "auto"
@@ -40,6 +46,7 @@ class ModeInfo:
     runner: str  # a class with `__init__(config, ring)` and `async run()`, driving laps through the ring client
     metric_kind: str  # the `kind` label of its laps in Prometheus
     summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
+    summary_field: str = "spec"  # the RunSummary field the summarizer's result goes to
 
 
 # A new decode mode is one module plus one line here.
@@ -47,6 +54,8 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
     ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain"),
     ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
              summarizer="testbed.spec_summary:summarize_spec"),
+    ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
+             summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
 )}
 
 

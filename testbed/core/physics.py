@@ -112,3 +112,80 @@ def survival_curve(drafted_at: list[int], accepted_at: list[int], min_rounds: in
             break
         curve.append(accepted / drafted)
     return curve
+
+
+def streams_rates(n_streams: int, stage_s: list[float], t_ring_s: float, batching: str = "none",
+                  per_token_s: list[float] | None = None) -> tuple[float, float, list[float]]:
+    """Seed 000, "Regimes": M streams in flight on one ring -> (per-stream tok/s, aggregate tok/s, utilization
+    of each stage).
+
+    Without batching every stage serves one frame at a time: stage i is a server of service time c_i, and M
+    frames circulate through the N servers and the N hops (pure delays, T_ring in all). A frame alone in the
+    ring laps in C + T_ring (C = sum c_i), so M frames carry M / (C + T_ring) tokens per second while the
+    slowest stage has time for them; it serves at most 1 / c_max. For deterministic service times and
+    delays the closed cyclic network settles exactly at the smaller of the two (the frames form a train
+    spaced by c_max once the pipe is full):
+
+        aggregate = min(M / (C + T_ring), 1 / c_max),   per-stream = aggregate / M,   U_i = aggregate * c_i.
+
+    With continuous batching a stage runs everything queued as one forward pass costing c_i + p_i (b - 1)
+    (p_i = per_token_ms: nearly flat in b for memory-bound decode). The streams mode starts the decode as
+    one convoy of all M frames, and a convoy stays together (each stage receives it as one burst), so a lap
+    costs every stage its batched cost once:
+
+        lap = sum_i [c_i + p_i (M - 1)] + T_ring,   aggregate = M / lap,   per-stream = 1 / lap,
+        U_i = [c_i + p_i (M - 1)] / lap.
+
+    Every stage is idle while the convoy is elsewhere; the bottleneck's batched cost bounds what any
+    schedule could reach, M / max_i [c_i + p_i (M - 1)] (batching_ceiling).
+    """
+    if n_streams < 1 or not stage_s:
+        raise ValueError(f"need at least one stream and one stage, got {n_streams}, {len(stage_s)}")
+    if batching == "none":
+        cycle = sum(stage_s) + t_ring_s
+        aggregate = min(n_streams / cycle, 1.0 / max(stage_s))
+        return aggregate / n_streams, aggregate, [aggregate * c for c in stage_s]
+    if batching == "continuous":
+        per_token_s = per_token_s or [0.0] * len(stage_s)
+        batched = [c + p * (n_streams - 1) for c, p in zip(stage_s, per_token_s, strict=True)]
+        lap = sum(batched) + t_ring_s
+        return 1.0 / lap, n_streams / lap, [b / lap for b in batched]
+    raise ValueError(f"batching must be 'none' or 'continuous', got {batching!r}")
+
+
+def batching_ceiling(n_streams: int, stage_s: list[float], per_token_s: list[float] | None = None) -> float:
+    """The most tokens/s M streams can get through the bottleneck stage when it batches all of them."""
+    per_token_s = per_token_s or [0.0] * len(stage_s)
+    return n_streams / max(c + p * (n_streams - 1) for c, p in zip(stage_s, per_token_s, strict=True))
+
+
+def ttft_hops(prefill_compute_s: float, hop_latencies_s: list[float], hop_bytes: list[int],
+              hop_rates_bytes_s: list[float]) -> float:
+    """Eq. 5 with Eq. 1 per hop: TTFT = C_prefill(P) + sum_i [l_i + B_i / W_i] (B_i: the prompt's hidden
+    state crossing hop i, P x d_model x bytes plus framing; W_i: the hop's rate, inf when unlimited)."""
+    xmit = sum(0.0 if math.isinf(w) else b / w for b, w in zip(hop_bytes, hop_rates_bytes_s, strict=True))
+    return prefill_compute_s + sum(hop_latencies_s) + xmit
+
+
+def pipelined_completion(service_s: list[list[float]]) -> float:
+    """A deterministic tandem line: jobs k = 0.. (all ready at 0, in order) through FIFO servers j = 0.. in
+    series, job k taking service_s[k][j] at server j. Departure D[k][j] = max(D[k-1][j], D[k][j-1]) + s[k][j]
+    (a job starts at a server once it left the previous one and the previous job left this one); returns
+    when the last job leaves the last server. One job: the sum of its service times."""
+    previous: list[float] = []
+    for row in service_s:
+        current, ready = [], 0.0
+        for j, s in enumerate(row):
+            ready = max(ready, previous[j] if previous else 0.0) + s
+            current.append(ready)
+        previous = current
+    return previous[-1] if previous else 0.0
+
+
+def ttft_pipelined(service_s: list[list[float]], t_ring_s: float, head_s: float = 0.0) -> float:
+    """Chunked prefill, chunks sent back to back (Sarathi-style, pipelined over the stages): TTFT = the last
+    chunk through the tandem line of stage computes and hop serializations (pipelined_completion; service_s[k]
+    alternates stage i's compute of chunk k and hop i's serialization of it), plus the hops' propagation
+    delays (pure delays, which never hold a chunk back from the next), plus the head on the last chunk.
+    With one chunk it is Eq. 5: C_prefill(P) + T_ring + serialization."""
+    return pipelined_completion(service_s) + t_ring_s + head_s

@@ -107,6 +107,7 @@ class Stamp(JsonRecord):
     compute_end: float  # emulated compute (padding) ended here
     send: float
     sent_bytes: int = 0
+    batch: int = 1  # frames computed in the same forward pass as this one (continuous batching), this one included
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class LapRecord(JsonRecord):
     head: HeadTiming | None = None
     ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    stream: int = 0  # which of the decode.streams sequences in flight this lap carried
 
     @property
     def duration_s(self) -> float:
@@ -162,6 +164,17 @@ class LapRecord(JsonRecord):
         """Per-stage compute of this lap, emulated padding included; the entry's head counts to stage 0."""
         head = (self.head.end - self.head.start) if self.head is not None else 0.0
         return [s.compute_end - s.compute_start + (head if i == 0 else 0.0) for i, s in enumerate(self.stamps)]
+
+    def stage_queue_s(self) -> list[float]:
+        """Per-stage queueing: how long the frame waited at each stage before its forward pass started.
+
+        At the entry (stage 0) that is the wait of the returning frame before the head: end - return_recv
+        for a mode whose laps end where the entry takes the frame up (the streams mode); 0 otherwise.
+        """
+        waits = [max(0.0, s.compute_start - s.recv) for s in self.stamps]
+        if waits and self.head is None:
+            waits[0] = max(0.0, self.end - self.return_recv) if len(self.stamps) > 1 else 0.0
+        return waits
 
     def stage_real_s(self) -> list[float]:
         """Per-stage real forward-pass time of this lap (the entry's front and head)."""

@@ -32,7 +32,10 @@ class TtftSummary(JsonRecord):
     prompt_tokens: int
     measured_s: float
     prefill_compute_s: float
-    predicted_s: float
+    predicted_s: float  # C_prefill + T_ring + serialization (physics.ttft_hops)
+    serialization_s: float = 0.0  # the prompt's hidden state at each hop's rate, summed over the hops (and chunks)
+    bytes_per_hop: int | None = None  # the whole prompt's (every chunk's) bytes over one hop, mean over the hops
+    chunks: int = 1  # decode.prefill_chunk: the prompt went in this many pipelined chunks
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,48 @@ class SpecSummary(SpecRates):
 
 
 @dataclass(frozen=True)
+class StreamsSummary(JsonRecord):
+    """M streams in flight (the streams mode): per-stream and aggregate rates next to physics.streams_rates."""
+
+    streams: int
+    batching: str
+    window_s: float  # the stretch where every stream was decoding: the aggregate is measured over it
+    aggregate_tok_s: float
+    aggregate_predicted_tok_s: float
+    aggregate_error_pct: float
+    per_stream_predicted_tok_s: float
+    per_stream_tok_s: tuple[float, ...]  # each stream's decode rate: its tokens over its laps' time
+    per_stream_p50_tok_s: float
+    per_stream_min_tok_s: float
+    lap_ms_p50: float  # inter-token time of a stream, over every decode lap of every stream
+    lap_ms_p99: float
+    ceiling_tok_s: float  # none: 1 / c_max; continuous: the bottleneck batching all M (physics.batching_ceiling)
+    stage_compute_ms: tuple[float, ...]  # mean cost of one forward pass (batched: of the whole batch)
+    stage_batch_mean: tuple[float, ...]  # mean frames per forward pass
+    stage_busy: tuple[float, ...]  # measured fraction of the window each stage computed
+    stage_busy_predicted: tuple[float, ...]
+    stage_queue_ms_mean: tuple[float, ...]  # how long a frame waited at each stage before its forward pass
+    stage_queue_ms_p99: tuple[float, ...]
+    texts: tuple[str, ...] = ()  # each stream's generated text
+
+
+@dataclass(frozen=True)
+class AgentUsage(JsonRecord):
+    """One agent's CPU and memory over the run (from its run command to its end), as it reported them."""
+
+    stage: int
+    name: str
+    box_wall_s: float  # on the box's clock (under time dilation D, D times the scenario's)
+    cpu_s: float
+    max_rss_mb: float
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time over wall time: 1.0 is one core busy all the time."""
+        return self.cpu_s / self.box_wall_s if self.box_wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class RunSummary(JsonRecord):
     """Everything measured in one run next to its prediction (DESIGN.md section 4 names the fields)."""
 
@@ -141,6 +186,7 @@ class RunSummary(JsonRecord):
     ttft: TtftSummary | None = None
     self_check: tuple[LinkCheck, ...] | None = None
     spec: SpecSummary | None = None
+    streams: StreamsSummary | None = None
     history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
     metrics_url: str | None = None
     text: str = ""
@@ -148,6 +194,7 @@ class RunSummary(JsonRecord):
     generated_tokens: int | None = None
     shaper_facts: dict = field(default_factory=dict)  # what the backend set up and read back (Shaper.describe())
     dilation: DilationSummary | None = None  # None: not dilated (factor 1)
+    agents: tuple[AgentUsage, ...] = ()  # every agent's CPU and memory over the run
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
 
     @property

@@ -1,0 +1,61 @@
+"""`python -m testbed regimes`: the runs it plans, its bad-input errors, and one end-to-end run of the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from testbed.config import load_scenario
+from testbed.regimes import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, plan, stream_counts
+
+SCENARIO = """name = "regimes-test"
+[[stages]]
+name = "a"
+compute_ms = 4
+[[stages]]
+name = "b"
+compute_ms = 4
+[network]
+hops_ms = [3, 3]
+"""
+
+
+def test_the_geo_ring_map_has_every_row_of_seed_000s_table():
+    geo = load_scenario("geo-ring")
+    runs = plan(geo, ("ttft", "streams", "decode", "speculative"), 16)
+    labels = [label for label, _ in runs]
+    assert stream_counts(3) == [1, 2, 3, 6, 12]
+    # TTFT at the scenario's rate (unlimited) and at 10 Mbit/s for every P; M in {1, 2, N, 2N, 4N} x two policies
+    assert sum(label.startswith("ttft") for label in labels) == 2 * len(PROMPT_TOKENS)
+    assert any(f"network.rate_mbit={SLOW_RATE_MBIT}" in overrides for _, overrides in runs)
+    assert sum(label.startswith("streams") for label in labels) == 10
+    assert labels[-2:] == ["decode (one stream)", "speculative (one stream)"]
+
+
+def test_stream_counts_are_distinct_on_a_two_stage_ring():
+    assert stream_counts(2) == [1, 2, 4, 8]
+
+
+def test_an_unknown_part_is_a_clear_error():
+    result = subprocess.run([sys.executable, "-m", "testbed", "regimes", "geo-ring", "--only", "ttft,prefix"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--only" in result.stdout and "prefix" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_command_measures_and_writes_json(tmp_path):
+    scenario = tmp_path / "r.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "regimes.json"
+    result = subprocess.run([sys.executable, "-m", "testbed", "regimes", str(scenario), "--shaper", "userspace",
+                             "--dilation", "2", "--only", "decode,streams", "--tokens", "8", "--json", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    regimes = RegimesResult.from_json(out.read_text())
+    assert [row.regime for row in regimes.rows] == ["streams"] * 8 + ["decode"]
+    for row in regimes.rows:
+        assert row.measured > 0 and abs(row.error_pct) < 10, row
+    assert "Regime map of regimes-test" in result.stdout
+    assert json.loads(out.read_text())["stages"] == 2
