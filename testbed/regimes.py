@@ -6,7 +6,8 @@ The same ring is cheap or expensive depending on how many tokens share one trave
   link rate (Eq. 5 with Eq. 1), measured for P in PROMPT_TOKENS at the scenario's rate and at SLOW_RATE_MBIT;
 - M streams in flight fill the pipe: the aggregate rises ~M-fold while each stream still crawls at
   1 / (C + T_ring), until the bottleneck stage is busy all the time (physics.streams_rates), with and
-  without continuous batching, for M in {1, 2, N, 2N, 4N};
+  without continuous batching, for M in {1, 2, N, 2N, 4N} and twice the knee (C + T_ring) / c_max, where
+  without batching the aggregate has flattened at 1 / c_max and with it has not;
 - single-stream decode pays the ring per token (the wall), and speculative decode per round.
 
 Every point is a run of its own (same ring, same shaper, each time-dilated as --dilation says); the table
@@ -16,6 +17,7 @@ and the JSON hold measured and predicted side by side, and `testbed report` draw
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from rich.table import Table
 
 from testbed import api
 from testbed.config import Scenario
+from testbed.core.decode import MAX_STREAMS
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.core.summary import RunSummary
@@ -69,9 +72,19 @@ class RegimesResult(JsonRecord):
     rows: tuple[RegimeRow, ...]
 
 
-def stream_counts(n_stages: int) -> list[int]:
-    """M in {1, 2, N, 2N, 4N}, each once, in order."""
-    return sorted({1, 2, n_stages, 2 * n_stages, 4 * n_stages})
+def knee(scenario: Scenario) -> float | None:
+    """(C + T_ring) / c_max: the streams a ring holds before its slowest stage is busy all the time."""
+    slowest = max(st.compute_ms for st in scenario.stages) / 1e3
+    return (scenario.emulated_compute_s + scenario.t_ring_s) / slowest if slowest > 0 else None
+
+
+def stream_counts(n_stages: int, knee_streams: float | None = None) -> list[int]:
+    """M in {1, 2, N, 2N, 4N}, each once, in order; and twice the knee, past which (without batching) the
+    aggregate stops growing at 1 / c_max."""
+    counts = {1, 2, n_stages, 2 * n_stages, 4 * n_stages}
+    if knee_streams is not None:
+        counts.add(min(MAX_STREAMS, 2 * math.ceil(knee_streams)))
+    return sorted(counts)
 
 
 def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int) -> list[tuple[str, list[str]]]:
@@ -86,7 +99,7 @@ def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int) -> list[tuple[
                               f"network.rate_mbit={rate}"]))
     if "streams" in kinds:
         for batching in ("none", "continuous"):
-            for m in stream_counts(scenario.n_stages):
+            for m in stream_counts(scenario.n_stages, knee(scenario)):
                 runs.append((f"streams M={m} {batching}", ["decode.mode=streams", f"decode.streams={m}",
                                                             f"decode.batching={batching}", f"decode.tokens={tokens}"]))
     if "decode" in kinds:

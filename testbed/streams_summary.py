@@ -51,8 +51,10 @@ def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsS
     t1 = min(stream[-1].end for stream in by_stream.values())
     if t1 <= t0:
         t0, t1 = min(lap.start for lap in decode), max(lap.end for lap in decode)
-    in_window = [lap for lap in decode if t0 < lap.end <= t1]
-    aggregate = sum(lap.tokens for lap in in_window) / (t1 - t0)
+    # Each lap's tokens flow over its own time: a lap half inside the window counts half. (Counting the laps
+    # that end inside it would lose up to (M - 1) / M of a lap per window, the streams being out of phase.)
+    aggregate = sum(lap.tokens * max(0.0, min(lap.end, t1) - max(lap.start, t0)) / lap.duration_s
+                    for lap in decode if lap.duration_s > 0) / (t1 - t0)
     per_stream = tuple(sum(lap.tokens for lap in s) / sum(lap.duration_s for lap in s)
                        for _, s in sorted(by_stream.items()))
     n = scenario.n_stages

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from testbed.config import load_scenario
-from testbed.regimes import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, plan, stream_counts
+from testbed.regimes import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, knee, plan, stream_counts
 
 SCENARIO = """name = "regimes-test"
 [[stages]]
@@ -25,11 +25,13 @@ def test_the_geo_ring_map_has_every_row_of_seed_000s_table():
     geo = load_scenario("geo-ring")
     runs = plan(geo, ("ttft", "streams", "decode", "speculative"), 16)
     labels = [label for label, _ in runs]
-    assert stream_counts(3) == [1, 2, 3, 6, 12]
+    # the geo ring holds (33 + 280) / 11 = 28.5 frames before a stage saturates: twice the knee is 58
+    assert knee(geo) == pytest.approx(313 / 11)
+    assert stream_counts(3, knee(geo)) == [1, 2, 3, 6, 12, 58]
     # TTFT at the scenario's rate (unlimited) and at 10 Mbit/s for every P; M in {1, 2, N, 2N, 4N} x two policies
     assert sum(label.startswith("ttft") for label in labels) == 2 * len(PROMPT_TOKENS)
     assert any(f"network.rate_mbit={SLOW_RATE_MBIT}" in overrides for _, overrides in runs)
-    assert sum(label.startswith("streams") for label in labels) == 10
+    assert sum(label.startswith("streams") for label in labels) == 12
     assert labels[-2:] == ["decode (one stream)", "speculative (one stream)"]
 
 
@@ -54,6 +56,7 @@ def test_the_command_measures_and_writes_json(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     regimes = RegimesResult.from_json(out.read_text())
+    # M in {1, 2, 4, 8} and twice the knee (3 + 3 + 4 + 4) / 4 = 3.5 -> 8: four counts, two policies
     assert [row.regime for row in regimes.rows] == ["streams"] * 8 + ["decode"]
     for row in regimes.rows:
         assert row.measured > 0 and abs(row.error_pct) < 10, row
