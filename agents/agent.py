@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import DecodeConfig, resolve
+from testbed.core.decode import DecodeConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -53,6 +53,7 @@ class AgentSpec(JsonRecord):
     dilation: float = 1.0  # time dilation D: compute_ms and decode times are already multiplied by it
     per_token_ms: float = 0.0  # StageConfig.cost_ms: emulated cost of a batch / a block beyond one token
     prefill_ms_per_token: float = 0.0
+    wire: WireConfig = WireConfig()  # the hidden states' codec on every link
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     ring = RingClient(PipelineStage(model, plan), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
-                      batching=spec.decode.batching, streams=spec.decode.streams)
+                      batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 

@@ -38,7 +38,8 @@ class RingClient:
     def __init__(self, stage: PipelineStage, stage_index: int, n_stages: int, compute_ms: float, *, mode: str,
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
                  log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
-                 prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1) -> None:
+                 prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
+                 codec: wire.WireConfig | None = None) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
@@ -46,6 +47,7 @@ class RingClient:
         self.per_token_s = per_token_ms / 1e3
         self.prefill_per_token_s = prefill_ms_per_token / 1e3
         self.batching = batching
+        self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.dilation).
         self.dilation = dilation
@@ -80,10 +82,10 @@ class RingClient:
         try:
             while (item := await reader.read()) is not None:
                 predictor.observe(item[1])
-                await self.inbox_send.send(item)
+                await self.inbox_send.send(_as_float32(item))
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
-                    await self.inbox_send.send(more)
+                    await self.inbox_send.send(_as_float32(more))
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -111,7 +113,7 @@ class RingClient:
         stream = self.peers.get(dst)
         if stream is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
-        data = wire.encode(frame)
+        data = wire.encode(frame, self.codec)
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -132,7 +134,7 @@ class RingClient:
         if stream is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
         left = len(frames) - 1
-        encoded = [wire.encode(dataclasses.replace(f, flags=(f.flags & ~wire.BURST_MASK) | (left - i)))
+        encoded = [wire.encode(dataclasses.replace(f, flags=(f.flags & ~wire.BURST_MASK) | (left - i)), self.codec)
                    for i, f in enumerate(frames)]
         try:
             await stream.send_all(b"".join(encoded))
@@ -161,7 +163,7 @@ class RingClient:
                 tensor: np.ndarray | None, batch: int = 1) -> wire.Frame:
         """The frame to send on, with this stage's stamp (send time taken now, just before sending)."""
         tensor = frame.tensor if tensor is None else tensor
-        size = wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + (0 if tensor is None else tensor.nbytes)
+        size = wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + wire.payload_bytes(tensor, self.codec)
         stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
         return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
 
@@ -326,3 +328,11 @@ def _batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Fram
         else:
             groups.append([item])
     return groups
+
+
+def _as_float32(item: tuple[wire.Frame, float]) -> tuple[wire.Frame, float]:
+    """Stages compute in float32: a hidden state that travelled as f16 is upcast on arrival."""
+    frame, at = item
+    if frame.tensor is not None and frame.tensor.dtype != np.float32:
+        frame = dataclasses.replace(frame, tensor=frame.tensor.astype(np.float32))
+    return frame, at

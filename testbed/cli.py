@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,codecs,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     regimes.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative (default all)")
     regimes.add_argument("--json", help="write the result here (default results/regimes-SCENARIO.json)")
     regimes.set_defaults(func=lambda a, c: __import__("testbed.regimes", fromlist=["main"]).main(a, c))
+
+    codecs = sub.add_parser("codecs", help="wire codecs (f32, f16, int8-block): bytes, encode/decode time, greedy "
+                                           "agreement, KL and acceptance rate; --measure: TTFT on the ring per codec")
+    add_run_options(codecs)
+    codecs.add_argument("--measure", action="store_true", help="also run the ring once per codec (TTFT at 10 Mbit/s)")
+    codecs.add_argument("--json", help="write the rows here")
+    codecs.set_defaults(func=lambda a, c: __import__("testbed.codecs", fromlist=["main"]).main(a, c))
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)

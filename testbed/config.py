@@ -9,7 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MODES, DecodeConfig
+from testbed.core.decode import (BATCHING, CODECS, DRAFT_KINDS, K_MAX_BOUND, MAX_BLOCK, MAX_STREAMS, MODES,
+                                 DecodeConfig, WireConfig)
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 
@@ -44,6 +45,7 @@ class Scenario:
     loss_rto_ms: float = 200.0
     model: str = "target"
     scale: float = 1.0  # every delay and emulated time above is already multiplied by it
+    wire: WireConfig = WireConfig()
 
     @property
     def n_stages(self) -> int:
@@ -87,7 +89,8 @@ class Scenario:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale"}
+_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire"}
+_WIRE_KEYS = {f.name for f in fields(WireConfig)}
 _STAGE_KEYS = {f.name for f in fields(StageConfig)}
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
 _LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
@@ -276,8 +279,14 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError("expected a table", source=source, key="decode")
     _check_keys(dec, _DECODE_KEYS, source, "decode")
     decode = decode_from_dict(dec, source, scale)
+    wire_raw = raw.get("wire", {})
+    if not isinstance(wire_raw, dict):
+        raise ConfigError("expected a table", source=source, key="wire")
+    _check_keys(wire_raw, _WIRE_KEYS, source, "wire")
+    wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
+                      block=_number(wire_raw, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True))
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
-                    decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale)
+                    decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire)
 
 
 # How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.

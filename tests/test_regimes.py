@@ -12,12 +12,12 @@ from testbed.regimes import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, knee, 
 SCENARIO = """name = "regimes-test"
 [[stages]]
 name = "a"
-compute_ms = 4
+compute_ms = 10
 [[stages]]
 name = "b"
-compute_ms = 4
+compute_ms = 10
 [network]
-hops_ms = [3, 3]
+hops_ms = [10, 10]
 """
 
 
@@ -52,11 +52,11 @@ def test_the_command_measures_and_writes_json(tmp_path):
     scenario.write_text(SCENARIO)
     out = tmp_path / "regimes.json"
     result = subprocess.run([sys.executable, "-m", "testbed", "regimes", str(scenario), "--shaper", "userspace",
-                             "--dilation", "2", "--only", "decode,streams", "--tokens", "8", "--json", str(out)],
+                             "--dilation", "4", "--only", "decode,streams", "--tokens", "8", "--json", str(out)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     regimes = RegimesResult.from_json(out.read_text())
-    # M in {1, 2, 4, 8} and twice the knee (3 + 3 + 4 + 4) / 4 = 3.5 -> 8: four counts, two policies
+    # M in {1, 2, 4, 8} and twice the knee (10 + 10 + 10 + 10) / 10 = 4 -> 8: four counts, two policies
     assert [row.regime for row in regimes.rows] == ["streams"] * 8 + ["decode"]
     for row in regimes.rows:
         assert row.measured > 0 and abs(row.error_pct) < 10, row

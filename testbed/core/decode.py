@@ -34,6 +34,18 @@ class DecodeConfig(JsonRecord):
     rounds_per_k: int = 30
 
 
+CODECS = ("f32", "f16", "int8-block")
+MAX_BLOCK = 0xFFFF
+
+
+@dataclass(frozen=True)
+class WireConfig(JsonRecord):
+    """[wire] of a scenario: how hidden states travel on every link of the ring (agents.wire encodes them)."""
+
+    codec: str = "f32"  # one of CODECS
+    block: int = 64  # int8-block: values per absmax scale
+
+
 @dataclass(frozen=True)
 class ModeInfo:
     """One decode mode: where its entry-node loop lives and what the launcher does with its laps.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.core.decode import WireConfig
 from testbed.core.records import JsonRecord
 
 
@@ -195,6 +196,7 @@ class RunSummary(JsonRecord):
     shaper_facts: dict = field(default_factory=dict)  # what the backend set up and read back (Shaper.describe())
     dilation: DilationSummary | None = None  # None: not dilated (factor 1)
     agents: tuple[AgentUsage, ...] = ()  # every agent's CPU and memory over the run
+    wire: WireConfig = WireConfig()  # how the hidden states travelled (codec)
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
 
     @property
