@@ -54,6 +54,7 @@ class AgentSpec(JsonRecord):
     per_token_ms: float = 0.0  # StageConfig.cost_ms: emulated cost of a batch / a block beyond one token
     prefill_ms_per_token: float = 0.0
     wire: WireConfig = WireConfig()  # the hidden states' codec on every link
+    kv_ship: bool = False  # placement.kv = "ship": send each step's new K and V to the successor too
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     ring = RingClient(PipelineStage(model, plan), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
-                      batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire)
+                      batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
+                      kv_ship=spec.kv_ship)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 

@@ -39,7 +39,7 @@ class RingClient:
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
                  log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
                  prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
-                 codec: wire.WireConfig | None = None) -> None:
+                 codec: wire.WireConfig | None = None, kv_ship: bool = False) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
@@ -48,6 +48,7 @@ class RingClient:
         self.prefill_per_token_s = prefill_ms_per_token / 1e3
         self.batching = batching
         self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
+        self.kv_ship = kv_ship
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.dilation).
         self.dilation = dilation
@@ -81,11 +82,14 @@ class RingClient:
         reader = wire.FrameReader(stream, lambda n: clock_module.receive_polling(stream, raw.recv, predictor, n))
         try:
             while (item := await reader.read()) is not None:
+                if item[0].kind == wire.Kind.KV:
+                    continue  # shipped KV: its bytes crossed the link (the cost measured); nothing keeps it
                 predictor.observe(item[1])
                 await self.inbox_send.send(_as_float32(item))
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
-                    await self.inbox_send.send(_as_float32(more))
+                    if more[0].kind != wire.Kind.KV:
+                        await self.inbox_send.send(_as_float32(more))
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -108,12 +112,24 @@ class RingClient:
                         raise PeerTimeout(f"cannot reach stage {dst} at {address}: {exc}") from exc
                     await trio.sleep(CONNECT_RETRY_S)
 
-    async def send(self, frame: wire.Frame, dst: int | None = None) -> int:
+    def kv_frame(self, pos: int, n_tok: int, stream: int = 0) -> bytes:
+        """placement.kv = "ship": this stage's K and V for positions pos..pos+n_tok, encoded ([2, L, T, C] float32);
+        b"" when KV stays local."""
+        if not self.kv_ship:
+            return b""
+        cache = self.stage.cache_for(stream)
+        k = cache.k[:, 0, :, pos:pos + n_tok, :]  # [L, nh, T, hd]
+        v = cache.v[:, 0, :, pos:pos + n_tok, :]
+        kv = torch.stack([k, v]).permute(0, 1, 3, 2, 4).reshape(2, k.shape[0], n_tok, -1)  # [2, L, T, C]
+        return wire.encode(wire.Frame(wire.Kind.KV, stream=stream, pos=pos, tensor=kv.contiguous().numpy()))
+
+    async def send(self, frame: wire.Frame, dst: int | None = None, kv: bytes = b"") -> int:
+        """Send a frame (after `kv`, shipped KV bytes, on the same link: they delay it as they would)."""
         dst = self.next_stage if dst is None else dst
         stream = self.peers.get(dst)
         if stream is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
-        data = wire.encode(frame, self.codec)
+        data = kv + wire.encode(frame, self.codec)
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -160,10 +176,12 @@ class RingClient:
             items.append(await self.receive())
 
     def stamped(self, frame: wire.Frame, recv: float, start: float, real_end: float, end: float,
-                tensor: np.ndarray | None, batch: int = 1) -> wire.Frame:
-        """The frame to send on, with this stage's stamp (send time taken now, just before sending)."""
+                tensor: np.ndarray | None, batch: int = 1, extra_bytes: int = 0) -> wire.Frame:
+        """The frame to send on, with this stage's stamp (send time taken now, just before sending); the stamp
+        counts every byte sent for it on the hop (`extra_bytes`: shipped KV ahead of it)."""
         tensor = frame.tensor if tensor is None else tensor
-        size = wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + wire.payload_bytes(tensor, self.codec)
+        size = (wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + wire.payload_bytes(tensor, self.codec)
+                + extra_bytes)
         stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
         return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
 
@@ -193,8 +211,10 @@ class RingClient:
                     hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
+                    kv = self.kv_frame(frame.pos, n_tok, frame.stream)
                     await self.clock.sleep_until(start + max(self.cost_s(n_tok), self.dilation * (real_end - start)))
-                    await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden))
+                    await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
+                                                 extra_bytes=len(kv)), kv=kv)
                     continue
                 start = self.clock.now()
                 hiddens = self.stage.run_batch([f.tensor for f, _ in group], [f.pos for f, _ in group],
@@ -232,7 +252,9 @@ class RingClient:
         front_real_end = self.clock.now()
         if self.n_stages > 1:
             frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
-            await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden))
+            kv = self.kv_frame(pos, len(ids))
+            await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
+                                         extra_bytes=len(kv)), kv=kv)
             back, return_recv = await self.receive()
             if back.kind != wire.Kind.HIDDEN or back.lap != lap_no:
                 raise WireError(f"expected lap {lap_no} back, got {back.kind.name} lap {back.lap}")
@@ -274,7 +296,8 @@ class RingClient:
                 await self.clock.sleep_until(start + max(self.cost_s(len(block)), self.dilation * (real_end - start)))
             end = self.clock.now()
             frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
-            await self.send(self.stamped(frame, start, start, real_end, end, hidden))
+            kv = self.kv_frame(pos, len(block))
+            await self.send(self.stamped(frame, start, start, real_end, end, hidden, extra_bytes=len(kv)), kv=kv)
             sent.append((lap_no, start, real_end - start))
         for j, (block, _pos) in enumerate(blocks):
             back, return_recv = await self.receive()

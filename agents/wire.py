@@ -49,6 +49,7 @@ class Kind(enum.IntEnum):
     HIDDEN = 1  # hidden state of a block of positions, travelling the ring
     PROBE = 2  # empty frame for the link self-check; every stage stamps and forwards it
     SHUTDOWN = 3  # end of run; every stage forwards it and exits
+    KV = 4  # a stage's new K and V entries, shipped to its successor (placement.kv = "ship"); read and dropped
 
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)

@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,codecs,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              "lap, within a run-time budget; 1 = off)")
     parser.add_argument("--compensate", action="store_true",
                         help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
 
 
 def scenario_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Scenario:
@@ -213,8 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
                                              "aggregate and per-stream rate vs streams in flight, decode, speculation")
     add_run_options(regimes)
     regimes.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative (default all)")
+    regimes.add_argument("--streams", type=int_list, metavar="M,M,...",
+                         help="stream counts to measure (default 1, 2, N, 2N, 4N and twice the knee)")
     regimes.add_argument("--json", help="write the result here (default results/regimes-SCENARIO.json)")
     regimes.set_defaults(func=lambda a, c: __import__("testbed.regimes", fromlist=["main"]).main(a, c))
+
+    place = sub.add_parser("place", help="ring orders of a scenario's regions: best and worst T_ring and rate; "
+                                         "--measure runs both")
+    add_run_options(place)
+    place.add_argument("--measure", action="store_true", help="run the best and the worst order")
+    place.set_defaults(func=lambda a, c: __import__("testbed.place", fromlist=["main"]).main(a, c))
 
     codecs = sub.add_parser("codecs", help="wire codecs (f32, f16, int8-block): bytes, encode/decode time, greedy "
                                            "agreement, KL and acceptance rate; --measure: TTFT on the ring per codec")

@@ -9,10 +9,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import (BATCHING, CODECS, DRAFT_KINDS, K_MAX_BOUND, MAX_BLOCK, MAX_STREAMS, MODES,
-                                 DecodeConfig, WireConfig)
+from testbed.core.decode import (BATCHING, CODECS, DRAFT_KINDS, K_MAX_BOUND, KV_PLACEMENTS, MAX_BLOCK, MAX_STREAMS,
+                                 MODES, DecodeConfig, PlacementConfig, WireConfig)
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
+from testbed.regions import RegionMatrix, parse_regions as _regions
+from testbed.validate import check_keys as _check_keys
+from testbed.validate import number as _number
+from testbed.validate import string as _string
 
 SCENARIO_PACKAGE = "testbed.scenarios"
 MAX_STAGES = 16
@@ -29,6 +33,7 @@ class StageConfig:
     #     compute_ms + prefill_ms_per_token * (T - 1) + per_token_ms * (b - 1)
     per_token_ms: float = 0.0  # marginal cost of one more stream in a batch (memory-bound decode: small)
     prefill_ms_per_token: float = 0.0  # marginal cost of one more position in a block (compute-bound prefill)
+    region: str | None = None  # a name of the scenario's [regions]: the ring hops come from its matrix
 
     def cost_ms(self, n_tok: int = 1, batch: int = 1) -> float:
         return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
@@ -46,6 +51,8 @@ class Scenario:
     model: str = "target"
     scale: float = 1.0  # every delay and emulated time above is already multiplied by it
     wire: WireConfig = WireConfig()
+    regions: RegionMatrix | None = None
+    placement: PlacementConfig = PlacementConfig()
 
     @property
     def n_stages(self) -> int:
@@ -89,7 +96,8 @@ class Scenario:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire"}
+_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement"}
+_PLACEMENT_KEYS = {f.name for f in fields(PlacementConfig)}
 _WIRE_KEYS = {f.name for f in fields(WireConfig)}
 _STAGE_KEYS = {f.name for f in fields(StageConfig)}
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
@@ -168,36 +176,6 @@ def apply_override(raw: dict, item: str, source: str) -> None:
     assign(raw, parts, "")
 
 
-def _check_keys(table: dict, allowed: set[str], source: str, where: str) -> None:
-    for key in table:
-        if key not in allowed:
-            raise ConfigError(f"unknown key; expected one of {', '.join(sorted(allowed))}", source=source,
-                              key=f"{where}.{key}" if where else key)
-
-
-def _number(table: dict, key: str, default: float, source: str, where: str, *, minimum: float = 0.0,
-            maximum: float | None = None, integer: bool = False) -> Any:
-    value = table.get(key, default)
-    full = f"{where}.{key}" if where else key
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-        raise ConfigError(f"expected {kind}, got {value!r}", source=source, key=full)
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=full)
-    return int(value) if integer else float(value)
-
-
-def _string(table: dict, key: str, default: str, source: str, where: str, choices: tuple[str, ...] = ()) -> str:
-    value = table.get(key, default)
-    full = f"{where}.{key}" if where else key
-    if not isinstance(value, str):
-        raise ConfigError(f"expected a string, got {value!r}", source=source, key=full)
-    if choices and value not in choices:
-        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=full)
-    return value
-
-
 def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     """Validate a raw TOML dict into a Scenario; every error names the source, the key and the expectation."""
     raw = copy.deepcopy(raw)
@@ -227,16 +205,32 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
             layers=layers,
             per_token_ms=_number(st, "per_token_ms", 0.0, source, where, maximum=60_000) * scale,
             prefill_ms_per_token=_number(st, "prefill_ms_per_token", 0.0, source, where, maximum=60_000) * scale,
+            region=_string(st, "region", "", source, where) or None,
         ))
     if len({s.name for s in stages}) != len(stages):
         raise ConfigError("stage names must be unique", source=source, key="stages")
+
+    regions = _regions(raw.get("regions"), source, scale)
+    placed = [st.region for st in stages if st.region is not None]
+    if placed and regions is None:
+        raise ConfigError("stages name regions but the scenario has no [regions] table", source=source,
+                          key="stages.region")
+    for i, st in enumerate(stages):
+        if st.region is not None and st.region not in regions.names:
+            raise ConfigError(f"unknown region {st.region!r}; expected one of {', '.join(regions.names)}",
+                              source=source, key=f"stages[{i}].region")
+    if placed and len(placed) != len(stages):
+        raise ConfigError("either every stage names a region or none does", source=source, key="stages.region")
 
     net = raw.get("network", {})
     if not isinstance(net, dict):
         raise ConfigError("expected a table", source=source, key="network")
     _check_keys(net, _NETWORK_KEYS, source, "network")
     n = len(stages)
-    hops = net.get("hops_ms", [0.0] * n if n > 1 else [])
+    if placed and "hops_ms" not in net:  # the ring's hops from the region matrix (already scaled: undo below)
+        hops = [ms / scale for ms in regions.ring_ms(placed)]
+    else:
+        hops = net.get("hops_ms", [0.0] * n if n > 1 else [])
     if not isinstance(hops, list):
         raise ConfigError("expected an array of one-way delays in ms", source=source, key="network.hops_ms")
     expected_hops = n if n > 1 else 0
@@ -285,8 +279,14 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(wire_raw, _WIRE_KEYS, source, "wire")
     wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
                       block=_number(wire_raw, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True))
+    placement_raw = raw.get("placement", {})
+    if not isinstance(placement_raw, dict):
+        raise ConfigError("expected a table", source=source, key="placement")
+    _check_keys(placement_raw, _PLACEMENT_KEYS, source, "placement")
+    placement = PlacementConfig(kv=_string(placement_raw, "kv", "local", source, "placement", KV_PLACEMENTS))
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
-                    decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire)
+                    decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
+                    placement=placement)
 
 
 # How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.

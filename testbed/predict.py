@@ -7,9 +7,10 @@ from testbed.runlog import RunLog, StreamsWindow
 
 
 def wall_tok_s(log: RunLog) -> float | None:
-    """r = 1 / (C + T_ring): measured mean C of the decode laps, configured T_ring (seed 000, Eq. 2)."""
+    """r = 1 / (C + T_ring): measured mean C of the decode laps, configured T_ring (seed 000, Eq. 2), plus, on
+    rate-limited links, each hop's bytes at its rate (Eq. 1; 0 on unlimited links)."""
     compute = log.mean_compute_s
-    return physics.wall_rate(compute, log.scenario.t_ring_s) if compute is not None else None
+    return physics.wall_rate(compute, log.scenario.t_ring_s + log.serialization_s) if compute is not None else None
 
 
 def spec_gamma_predicted(log: RunLog) -> float | None:
@@ -25,7 +26,8 @@ def spec_tok_s(log: RunLog) -> float | None:
     if not log.spec_rounds:
         return None
     n = log.spec_rounds
-    return (log.spec_tokens / n) / (log.spec_draft_s_sum / n + log.spec_compute_s_sum / n + log.scenario.t_ring_s)
+    return (log.spec_tokens / n) / (log.spec_draft_s_sum / n + log.spec_compute_s_sum / n + log.scenario.t_ring_s
+                                    + log.serialization_s)
 
 
 def predicted_tok_s(log: RunLog) -> float | None:

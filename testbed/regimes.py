@@ -87,8 +87,9 @@ def stream_counts(n_stages: int, knee_streams: float | None = None) -> list[int]
     return sorted(counts)
 
 
-def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int) -> list[tuple[str, list[str]]]:
-    """(label, --set overrides) of every run the regime map needs."""
+def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int,
+         streams: list[int] | None = None) -> list[tuple[str, list[str]]]:
+    """(label, --set overrides) of every run the regime map needs (`streams`: the M values, default stream_counts)."""
     runs: list[tuple[str, list[str]]] = []
     base_rate = scenario.ring[0].rate_mbit if scenario.ring else 0.0
     if "ttft" in kinds:
@@ -99,7 +100,7 @@ def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int) -> list[tuple[
                               f"network.rate_mbit={rate}"]))
     if "streams" in kinds:
         for batching in ("none", "continuous"):
-            for m in stream_counts(scenario.n_stages, knee(scenario)):
+            for m in streams or stream_counts(scenario.n_stages, knee(scenario)):
                 runs.append((f"streams M={m} {batching}", ["decode.mode=streams", f"decode.streams={m}",
                                                             f"decode.batching={batching}", f"decode.tokens={tokens}"]))
     if "decode" in kinds:
@@ -154,7 +155,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
     base = api.scenario(scenario_name, overrides=list(args.overrides))
     rows, shaper = [], "?"
     calibrations: dict = {}
-    runs = plan(base, kinds, tokens)
+    runs = plan(base, kinds, tokens, args.streams)
     for i, (label, overrides) in enumerate(runs):
         scenario = api.scenario(scenario_name, overrides=list(args.overrides) + overrides)
         log(f"[{i + 1}/{len(runs)}] {label}")
@@ -173,6 +174,8 @@ def main(args: argparse.Namespace, console: Console) -> int:
     if bad or not kinds:
         raise ConfigError(f"expected parts from {', '.join(KINDS)}, got {args.only!r}", key="--only")
     tokens = args.tokens or STREAM_TOKENS
+    if args.streams is not None and not all(1 <= m <= MAX_STREAMS for m in args.streams):
+        raise ConfigError(f"expected stream counts in [1, {MAX_STREAMS}], got {args.streams}", key="--streams")
     if tokens < 2:
         raise ConfigError(f"expected --tokens >= 2, got {tokens}", key="--tokens")
     api.ensure_models(lambda message: console.print(f"[bold]{message}"))

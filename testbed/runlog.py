@@ -161,6 +161,8 @@ class RunLog:
         self.decode_compute_s = 0.0
         self.decode_real_s = 0.0
         self.decode_ring_s = 0.0
+        self.decode_hop_bytes = [0] * len(sc.ring)  # bytes each hop carried for the decode laps
+        self.hop_rates_bytes_s = [link.rate_mbit * 1e6 / 8 for link in sc.ring]  # 0: unlimited
         self.spec_rounds = 0
         self.spec_draft_tokens = 0
         self.spec_accepted_tokens = 0
@@ -221,6 +223,8 @@ class RunLog:
         self.decode_compute_s += sum(compute)
         self.decode_real_s += sum(real)
         self.decode_ring_s += record.ring_s
+        for i, size in enumerate(record.hop_bytes()[:len(self.decode_hop_bytes)]):
+            self.decode_hop_bytes[i] += size
         if record.kind == "spec":
             k, accepted = record.extra["k"], record.extra["accepted"]
             self.spec_rounds += 1
@@ -256,6 +260,13 @@ class RunLog:
     @property
     def mean_compute_s(self) -> float | None:
         return self.decode_compute_s / self.decode_laps if self.decode_laps else None
+
+    @property
+    def serialization_s(self) -> float:
+        """Per decode lap: each hop's mean bytes at its rate, summed over the hops (0 where rates are unlimited)."""
+        if not self.decode_laps:
+            return 0.0
+        return sum(b / self.decode_laps / r for b, r in zip(self.decode_hop_bytes, self.hop_rates_bytes_s) if r > 0)
 
     @property
     def mean_real_s(self) -> float | None:

@@ -118,5 +118,5 @@ def summarize(log: RunLog) -> RunSummary:
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts=log.shaper_facts, dilation=log.dilation,
-        agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire,
+        agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire, serialization_s=log.serialization_s,
     )

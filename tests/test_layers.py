@@ -13,8 +13,9 @@ PACKAGES = ("testbed", "agents", "netem", "dashboards")
 LAYERS = (
     (0, ("testbed.core",)),
     (1, ("agents", "netem")),
-    (2, ("testbed.config", "testbed.runlog", "testbed.predict", "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary",
-         "testbed.collector", "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
+    (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.predict",
+         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.collector",
+         "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
     (3, ("dashboards",)),
     (4, ("testbed",)),  # the top: api, cli, bench, sweep, report
 )

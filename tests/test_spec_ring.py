@@ -76,7 +76,7 @@ def test_k_sweep_peaks_where_the_formula_says():
     # alpha 0.5 with (C + T_ring) / c_d = 20: K* = 3; K = 1 costs 12% and K = 6 costs 6%
     ks = list(range(1, 7))
     scenario = ring_scenario([20.0, 25.0, 26.0], compute_ms=3.0, tokens=1, mode="speculative",
-                             draft="calibrated", alpha=0.5, draft_ms=4.0, k_sweep=ks, rounds_per_k=80, k_max=6)
+                             draft="calibrated", alpha=0.5, draft_ms=4.0, k_sweep=ks, rounds_per_k=50, k_max=6)
     spec = run(scenario).spec
     assert [row.k for row in spec.per_k] == ks
     assert abs(spec.k_star_measured - spec.k_star_predicted) <= 1, spec.per_k

@@ -23,7 +23,7 @@ from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, rate_
 HOPS_MS = [5.0, 5.0, 5.0]
 STAGE_MS = 10.0  # C + T_ring = 45 ms: the pipe holds 4.5 frames before the 10 ms stages saturate
 DILATION = 4.0
-TOKENS = 16
+TOKENS = 12
 PROMPT_TOKENS = 24
 
 

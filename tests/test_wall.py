@@ -22,7 +22,7 @@ RINGS = [[0.0, 0.0, 0.0], [5.0, 3.0, 8.0], [20.0, 15.0, 25.0], [40.0, 35.0, 45.0
 STAGE_COMPUTE_MS = 30.0  # C = 90 ms: long enough that the ~5 ms/lap testbed overhead is a few percent
 SLOPE_TOLERANCE = 0.03
 DILATION = 10.0
-TOKENS = 10
+TOKENS = 8
 
 
 @pytest.fixture(scope="module")

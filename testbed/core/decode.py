@@ -46,6 +46,18 @@ class WireConfig(JsonRecord):
     block: int = 64  # int8-block: values per absmax scale
 
 
+KV_PLACEMENTS = ("local", "ship")
+
+
+@dataclass(frozen=True)
+class PlacementConfig(JsonRecord):
+    """[placement] of a scenario: where state lives (seed 000, "Placement laws")."""
+
+    # "local": every stage keeps its KV cache (the law). "ship": the anti-pattern of a migrating design, each
+    # stage also sends the K and V it just computed to its successor every step (measured, not asserted).
+    kv: str = "local"
+
+
 @dataclass(frozen=True)
 class ModeInfo:
     """One decode mode: where its entry-node loop lives and what the launcher does with its laps.

@@ -197,6 +197,7 @@ class RunSummary(JsonRecord):
     dilation: DilationSummary | None = None  # None: not dilated (factor 1)
     agents: tuple[AgentUsage, ...] = ()  # every agent's CPU and memory over the run
     wire: WireConfig = WireConfig()  # how the hidden states travelled (codec)
+    serialization_s: float = 0.0  # per decode lap: every hop's bytes at its rate (part of the prediction)
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
 
     @property

@@ -1,0 +1,37 @@
+"""Checks of raw TOML values: each error names the source, the key and what was expected (testbed.config uses them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.core.errors import ConfigError
+
+
+def check_keys(table: dict, allowed: set[str], source: str, where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"unknown key; expected one of {', '.join(sorted(allowed))}", source=source,
+                              key=f"{where}.{key}" if where else key)
+
+
+def number(table: dict, key: str, default: float, source: str, where: str, *, minimum: float = 0.0,
+            maximum: float | None = None, integer: bool = False) -> Any:
+    value = table.get(key, default)
+    full = f"{where}.{key}" if where else key
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"expected {kind}, got {value!r}", source=source, key=full)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=full)
+    return int(value) if integer else float(value)
+
+
+def string(table: dict, key: str, default: str, source: str, where: str, choices: tuple[str, ...] = ()) -> str:
+    value = table.get(key, default)
+    full = f"{where}.{key}" if where else key
+    if not isinstance(value, str):
+        raise ConfigError(f"expected a string, got {value!r}", source=source, key=full)
+    if choices and value not in choices:
+        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=full)
+    return value
