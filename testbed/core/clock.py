@@ -71,8 +71,9 @@ async def receive_polling(stream: trio.SocketStream, raw_recv, predictor: Arriva
     window = predictor.window() if predictor is not None else None
     if window is not None:
         start, end = window
-        if now() < start:
-            with trio.move_on_after(start - now()):
+        ahead = start - now()  # read the clock once: a second read could be past `start` (a negative timeout)
+        if ahead > 0:
+            with trio.move_on_after(ahead):
                 return await stream.receive_some(max_bytes)  # cancel-safe: nothing is lost if it times out
         while now() < end:
             try:
