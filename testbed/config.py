@@ -273,6 +273,9 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError("expected a table", source=source, key="decode")
     _check_keys(dec, _DECODE_KEYS, source, "decode")
     decode = decode_from_dict(dec, source, scale)
+    if decode.mode == "streams" and len(stages) < 2:
+        raise ConfigError("several streams in flight need a ring of at least two stages", source=source,
+                          key="decode.mode" if decode.streams == 1 else "decode.streams")
     wire_raw = raw.get("wire", {})
     if not isinstance(wire_raw, dict):
         raise ConfigError("expected a table", source=source, key="wire")

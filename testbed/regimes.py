@@ -153,6 +153,9 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
     from testbed.launcher import run_scenario
 
     base = api.scenario(scenario_name, overrides=list(args.overrides))
+    if "streams" in kinds and base.n_stages < 2:
+        raise ConfigError(f"{base.name} has one stage: streams in flight need a ring (use --only without streams)",
+                          source=base.source, key="stages")
     rows, shaper = [], "?"
     calibrations: dict = {}
     runs = plan(base, kinds, tokens, args.streams)

@@ -46,15 +46,21 @@ def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsS
     by_stream: dict[int, list[LapRecord]] = defaultdict(list)
     for lap in decode:
         by_stream[lap.stream].append(lap)
-    # the aggregate over the stretch where every stream was decoding (no ramp-up or tail of lone streams)
+    # The aggregate over whole laps of one stream while every stream decodes: between two lap ends of the
+    # stream that finishes first, every other stream in steady state ends exactly as many laps (a train or a
+    # convoy, in phase or not), so counting the laps that end in between has no edge bias.
     t0 = max(stream[0].start for stream in by_stream.values())
-    t1 = min(stream[-1].end for stream in by_stream.values())
-    if t1 <= t0:
-        t0, t1 = min(lap.start for lap in decode), max(lap.end for lap in decode)
-    # Each lap's tokens flow over its own time: a lap half inside the window counts half. (Counting the laps
-    # that end inside it would lose up to (M - 1) / M of a lap per window, the streams being out of phase.)
-    aggregate = sum(lap.tokens * max(0.0, min(lap.end, t1) - max(lap.start, t0)) / lap.duration_s
-                    for lap in decode if lap.duration_s > 0) / (t1 - t0)
+    first_done = min(by_stream.values(), key=lambda stream: stream[-1].end)
+    ends = [lap.end for lap in first_done if lap.end >= t0]
+    if len(ends) >= 2:
+        t0, t1 = ends[0], ends[-1]
+        aggregate = sum(lap.tokens for lap in decode if t0 < lap.end <= t1) / (t1 - t0)
+    else:  # too short a run: each lap's tokens spread over its own time, over the stretch every stream decodes
+        t1 = min(stream[-1].end for stream in by_stream.values())
+        if t1 <= t0:
+            t0, t1 = min(lap.start for lap in decode), max(lap.end for lap in decode)
+        aggregate = sum(lap.tokens * max(0.0, min(lap.end, t1) - max(lap.start, t0)) / lap.duration_s
+                        for lap in decode if lap.duration_s > 0) / (t1 - t0)
     per_stream = tuple(sum(lap.tokens for lap in s) / sum(lap.duration_s for lap in s)
                        for _, s in sorted(by_stream.items()))
     n = scenario.n_stages

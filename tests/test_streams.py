@@ -43,10 +43,12 @@ def test_several_streams_of_plain_decode_run_the_streams_mode():
     ({"streams": 0}, "decode.streams"),
     ({"batching": "greedy"}, "decode.batching"),
     ({"prompt_tokens": 256}, "decode.prompt_tokens"),
+    ({"mode": "streams"}, "decode.mode"),  # one stage below: no ring
 ])
 def test_bad_stream_settings_name_the_key(decode, key):
     with pytest.raises(ConfigError) as info:
-        scenario_from_dict({"stages": [{"name": "a"}, {"name": "b"}], "network": {"hops_ms": [1, 1]},
+        stages = [{"name": "a"}] if decode.get("mode") == "streams" else [{"name": "a"}, {"name": "b"}]
+        scenario_from_dict({"stages": stages, "network": {"hops_ms": [1, 1]} if len(stages) == 2 else {},
                             "decode": decode}, "<test>")
     assert info.value.key == key
 
