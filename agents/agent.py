@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import DecodeConfig, WireConfig, resolve
+from testbed.core.decode import MODES, DecodeConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -55,6 +55,8 @@ class AgentSpec(JsonRecord):
     prefill_ms_per_token: float = 0.0
     wire: WireConfig = WireConfig()  # the hidden states' codec on every link
     kv_ship: bool = False  # placement.kv = "ship": send each step's new K and V to the successor too
+    is_head: bool = False  # placement.head = "separate": this agent is the LM head after the last stage
+    tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
-                      kv_ship=spec.kv_ship)
+                      kv_ship=spec.kv_ship, tp=spec.tp)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 
@@ -127,7 +129,18 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
 
         nursery.start_soon(watch_stdin)
         usage_at_start = Usage.now()
-        if plan.is_entry:
+        if MODES[spec.decode.mode].every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
+            # (no probe laps: another rank's first all-reduce message could overtake them at the entry)
+            tokens = await resolve(spec.runner)(spec.decode, ring).run()
+            control.send("usage", Usage.now().since(usage_at_start))
+            control.send("done" if plan.is_entry else "finished", {"tokens": tokens} if plan.is_entry else None)
+        elif spec.is_head:
+            from agents.head import serve_head
+
+            await serve_head(ring, resolve(spec.runner)(spec.decode, ring).sample)
+            control.send("usage", Usage.now().since(usage_at_start))
+            control.send("finished")
+        elif plan.is_entry:
             await ring.probe()
             mode = resolve(spec.runner)(spec.decode, ring)
             tokens = await mode.run()

@@ -15,6 +15,7 @@ from agents import wire
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
+from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
 from testbed.core.records import Address, HeadTiming, LapRecord, Stamp
 
@@ -39,7 +40,7 @@ class RingClient:
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
                  log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
                  prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
-                 codec: wire.WireConfig | None = None, kv_ship: bool = False) -> None:
+                 codec: wire.WireConfig | None = None, kv_ship: bool = False, tp: TPConfig | None = None) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
@@ -49,6 +50,7 @@ class RingClient:
         self.batching = batching
         self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
         self.kv_ship = kv_ship
+        self.tp = tp or TPConfig()  # parallel = "tp": the all-reduce agents.tp runs over these links
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.dilation).
         self.dilation = dilation
@@ -256,14 +258,15 @@ class RingClient:
             await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
                                          extra_bytes=len(kv)), kv=kv)
             back, return_recv = await self.receive()
-            if back.kind != wire.Kind.HIDDEN or back.lap != lap_no:
+            if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
                 raise WireError(f"expected lap {lap_no} back, got {back.kind.name} lap {back.lap}")
-            stamps, hidden = back.stamps, back.tensor
+            stamps = back.stamps
         else:
+            back = wire.Frame(wire.Kind.HIDDEN, tensor=hidden)
             stamps = (Stamp(0, start, start, front_real_end, front_real_end, front_real_end),)
             return_recv = front_real_end
         head_start = self.clock.now()
-        result = decide(self.stage.logits(hidden))
+        result = self.head(back, decide)
         head_real_end = self.clock.now()
         front = front_real_end - start
         real = front + head_real_end - head_start
@@ -295,14 +298,15 @@ class RingClient:
             if j < n - 1:  # the last chunk's front is padded together with the head, as in `lap`
                 await self.clock.sleep_until(start + max(self.cost_s(len(block)), self.dilation * (real_end - start)))
             end = self.clock.now()
-            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
+            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden,
+                               flags=wire.NO_SAMPLE if j < n - 1 else 0)
             kv = self.kv_frame(pos, len(block))
             await self.send(self.stamped(frame, start, start, real_end, end, hidden, extra_bytes=len(kv)), kv=kv)
             sent.append((lap_no, start, real_end - start))
         for j, (block, _pos) in enumerate(blocks):
             back, return_recv = await self.receive()
             lap_no, start, front = sent[j]
-            if back.kind != wire.Kind.HIDDEN or back.lap != lap_no:
+            if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
                 raise WireError(f"expected prefill chunk lap {lap_no} back, got {back.kind.name} lap {back.lap}")
             extra = {"chunk": j, "chunks": n}
             if j < n - 1:
@@ -310,7 +314,7 @@ class RingClient:
                                       return_recv, extra=extra))
                 continue
             head_start = self.clock.now()
-            result = decide(self.stage.logits(back.tensor))
+            result = self.head(back, decide)
             head_real_end = self.clock.now()
             real = front + head_real_end - head_start
             await self.clock.sleep_until(max(head_real_end, head_start + max(self.cost_s(len(block)),
@@ -319,6 +323,14 @@ class RingClient:
             record = LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, end, back.stamps, return_recv,
                                HeadTiming(head_start, head_real_end, end), extra=extra)
         return result, record
+
+    def head(self, back: wire.Frame, decide: Callable[[torch.Tensor], Any]) -> Any:
+        """The lap's result: `decide(logits)` on the returned hidden state, or the token a separate head sampled."""
+        if back.kind == wire.Kind.TOKEN:
+            if back.tensor is None or back.tensor.shape != (1,):
+                raise WireError(f"expected one sampled token from the head, got {back.tensor!r}")
+            return int(back.tensor[0])
+        return decide(self.stage.logits(back.tensor))
 
     def report(self, record: LapRecord) -> None:
         """Send a finished lap's record to the launcher."""
@@ -356,6 +368,6 @@ def _batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Fram
 def _as_float32(item: tuple[wire.Frame, float]) -> tuple[wire.Frame, float]:
     """Stages compute in float32: a hidden state that travelled as f16 is upcast on arrival."""
     frame, at = item
-    if frame.tensor is not None and frame.tensor.dtype != np.float32:
+    if frame.tensor is not None and frame.tensor.dtype == np.float16:
         frame = dataclasses.replace(frame, tensor=frame.tensor.astype(np.float32))
     return frame, at

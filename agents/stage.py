@@ -39,7 +39,8 @@ class PipelineStage:
         self.plan = plan
         self.batch_size = batch_size
         self.caches: dict[int, KVCache] = {}
-        self.cache = self.cache_for(0)
+        if plan.last_layer > plan.first_layer:  # a separate head's agent (agents.head) runs no layers
+            self.cache_for(0)
 
     def cache_for(self, stream: int) -> KVCache:
         cache = self.caches.get(stream)

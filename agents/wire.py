@@ -50,9 +50,12 @@ class Kind(enum.IntEnum):
     PROBE = 2  # empty frame for the link self-check; every stage stamps and forwards it
     SHUTDOWN = 3  # end of run; every stage forwards it and exits
     KV = 4  # a stage's new K and V entries, shipped to its successor (placement.kv = "ship"); read and dropped
+    TOKEN = 5  # sampled token ids (int32), from a separate head's agent to the entry (placement.head = "separate")
+    REDUCE = 6  # one message of a tensor-parallel all-reduce (agents.tp): lap = collective, pos = step, stream = chunk
 
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)
+NO_SAMPLE = 1 << 16  # flags: a prefill chunk before the last; a separate head returns no token for it
 
 
 def burst_left(frame: "Frame") -> int:
@@ -65,6 +68,7 @@ class DType(enum.IntEnum):
     FLOAT32 = 1
     FLOAT16 = 2
     INT8_BLOCK = 3  # blockwise absmax int8: n int8 values, then ceil(n / block) float32 scales
+    INT32 = 4  # token ids
 
 
 def quantize_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,8 +104,8 @@ def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None) ->
     return tensor.size * (2 if name == "f16" or tensor.dtype == np.float16 else 4)
 
 
-NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2")}
-DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16}
+NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2"), DType.INT32: np.dtype("<i4")}
+DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16, np.dtype("int32"): DType.INT32}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "--measure runs both")
     add_run_options(place)
     place.add_argument("--measure", action="store_true", help="run the best and the worst order")
+    place.add_argument("--head-region", metavar="REGION",
+                       help="also the best order with the LM head on its own agent in REGION (placement.head)")
+    place.add_argument("--json", help="write the placements here (testbed report draws them)")
     place.set_defaults(func=lambda a, c: __import__("testbed.place", fromlist=["main"]).main(a, c))
 
     codecs = sub.add_parser("codecs", help="wire codecs (f32, f16, int8-block): bytes, encode/decode time, greedy "
@@ -240,6 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     codecs.add_argument("--measure", action="store_true", help="also run the ring once per codec (TTFT at 10 Mbit/s)")
     codecs.add_argument("--json", help="write the rows here")
     codecs.set_defaults(func=lambda a, c: __import__("testbed.codecs", fromlist=["main"]).main(a, c))
+
+    tp = sub.add_parser("tp", help="pipeline vs tensor parallelism on the same links: per-token latency measured vs "
+                                   "predicted, the TP/PP ratio next to Eq. 8's 4L/N")
+    add_run_options(tp)
+    tp.add_argument("--allreduce", choices=("ring", "all-to-all"), default="ring", help="TP's all-reduce (default ring)")
+    tp.add_argument("--hop-scale", default="1", metavar="F,F,...",
+                    help="run at these multiples of every link's delay (default 1), e.g. 0.25,0.5,1")
+    tp.add_argument("--json", help="write the result here (default results/tp-SCENARIO.json)")
+    tp.set_defaults(func=lambda a, c: __import__("testbed.parallel", fromlist=["main"]).main(a, c), dilation=1.0)
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)

@@ -9,8 +9,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import (BATCHING, CODECS, DRAFT_KINDS, K_MAX_BOUND, KV_PLACEMENTS, MAX_BLOCK, MAX_STREAMS,
-                                 MODES, DecodeConfig, PlacementConfig, WireConfig)
+from testbed.core.decode import (ALLREDUCE, CODECS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_BLOCK, DecodeConfig,
+                                 PlacementConfig, TPConfig, WireConfig)
+from testbed.decode_rules import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 from testbed.regions import RegionMatrix, parse_regions as _regions
@@ -20,7 +21,6 @@ from testbed.validate import string as _string
 
 SCENARIO_PACKAGE = "testbed.scenarios"
 MAX_STAGES = 16
-MAX_TOKENS = 100_000
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class StageConfig:
     per_token_ms: float = 0.0  # marginal cost of one more stream in a batch (memory-bound decode: small)
     prefill_ms_per_token: float = 0.0  # marginal cost of one more position in a block (compute-bound prefill)
     region: str | None = None  # a name of the scenario's [regions]: the ring hops come from its matrix
+    is_head: bool = False  # the separate LM head's agent (placement.head = "separate"): no layers, appended last
 
     def cost_ms(self, n_tok: int = 1, batch: int = 1) -> float:
         return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
@@ -53,6 +54,8 @@ class Scenario:
     wire: WireConfig = WireConfig()
     regions: RegionMatrix | None = None
     placement: PlacementConfig = PlacementConfig()
+    parallel: str = "pp"  # "pp": each stage a slice of the layers; "tp": every agent a slice of every layer
+    tp: TPConfig = TPConfig()
 
     @property
     def n_stages(self) -> int:
@@ -96,10 +99,13 @@ class Scenario:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement"}
+_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
+             "parallel", "tp"}
 _PLACEMENT_KEYS = {f.name for f in fields(PlacementConfig)}
+_TP_KEYS = {f.name for f in fields(TPConfig)}
+PARALLEL = ("pp", "tp")
 _WIRE_KEYS = {f.name for f in fields(WireConfig)}
-_STAGE_KEYS = {f.name for f in fields(StageConfig)}
+_STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head"}  # the head's agent comes from [placement]
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
 _LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
 _DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
@@ -207,10 +213,22 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
             prefill_ms_per_token=_number(st, "prefill_ms_per_token", 0.0, source, where, maximum=60_000) * scale,
             region=_string(st, "region", "", source, where) or None,
         ))
+    placement = _placement(raw.get("placement", {}), source, scale)
+    if placement.head == "separate":
+        stages.append(StageConfig(name="head", compute_ms=placement.head_ms, layers=0,
+                                  region=placement.head_region or None, is_head=True))
     if len({s.name for s in stages}) != len(stages):
-        raise ConfigError("stage names must be unique", source=source, key="stages")
+        raise ConfigError("stage names must be unique" + (" (the separate head's agent is named \"head\")"
+                                                         if placement.head == "separate" else ""),
+                          source=source, key="stages")
 
     regions = _regions(raw.get("regions"), source, scale)
+    if placement.head == "separate" and regions is not None and not placement.head_region:
+        raise ConfigError("a separate head in a scenario with [regions] needs placement.head_region",
+                          source=source, key="placement.head_region")
+    if placement.head_region and regions is None:
+        raise ConfigError("placement.head_region names a region but the scenario has no [regions] table",
+                          source=source, key="placement.head_region")
     placed = [st.region for st in stages if st.region is not None]
     if placed and regions is None:
         raise ConfigError("stages name regions but the scenario has no [regions] table", source=source,
@@ -235,7 +253,9 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError("expected an array of one-way delays in ms", source=source, key="network.hops_ms")
     expected_hops = n if n > 1 else 0
     if len(hops) != expected_hops:
-        raise ConfigError(f"expected {expected_hops} ring hop delays (one per stage, stage i -> i+1, the last "
+        head = (" plus one for the separate head's agent, which sits after the last stage"
+                if placement.head == "separate" else "")
+        raise ConfigError(f"expected {expected_hops} ring hop delays (one per stage{head}, stage i -> i+1, the last "
                           f"closing the ring), got {len(hops)}", source=source, key="network.hops_ms")
     jitter = _number(net, "jitter_ms", 0.0, source, "network", maximum=10_000)
     loss = _number(net, "loss_pct", 0.0, source, "network", maximum=100)
@@ -282,93 +302,72 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(wire_raw, _WIRE_KEYS, source, "wire")
     wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
                       block=_number(wire_raw, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True))
-    placement_raw = raw.get("placement", {})
-    if not isinstance(placement_raw, dict):
-        raise ConfigError("expected a table", source=source, key="placement")
-    _check_keys(placement_raw, _PLACEMENT_KEYS, source, "placement")
-    placement = PlacementConfig(kv=_string(placement_raw, "kv", "local", source, "placement", KV_PLACEMENTS))
+    if placement.head == "separate" and decode.mode != "plain":
+        raise ConfigError(f"a separate head samples one token a lap: it runs plain decode, not {decode.mode!r} "
+                          f"(speculation verifies its drafts in the head, several streams batch there)",
+                          source=source, key="placement.head")
+    parallel = _string(raw, "parallel", "pp", source, "", PARALLEL)
+    tp_raw = raw.get("tp", {})
+    if not isinstance(tp_raw, dict):
+        raise ConfigError("expected a table", source=source, key="tp")
+    _check_keys(tp_raw, _TP_KEYS, source, "tp")
+    tp = TPConfig(allreduce=_string(tp_raw, "allreduce", "ring", source, "tp", ALLREDUCE))
+    if parallel == "tp" and wire.codec != "f32":
+        raise ConfigError("tensor parallelism sends partial sums that every rank must add up to the same bits: "
+                          "wire.codec must be \"f32\"", source=source, key="wire.codec")
+    if parallel == "tp":
+        decode, links = _tensor_parallel(decode, links, stages, placement, tp, regions, source)
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
-                    placement=placement)
+                    placement=placement, parallel=parallel, tp=tp)
 
 
-# How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.
-_DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
-    "mode": ("choice", (), False),  # choices: MODES, read when checked (a test may register a mode)
-    "tokens": ("int", (1, MAX_TOKENS), False),
-    "prompt": ("text", (), False),
-    "prompt_tokens": ("int", (0, 255), False),  # the models' context is 256 positions
-    "prefill_chunk": ("int", (0, 256), False),
-    "streams": ("int", (1, MAX_STREAMS), False),
-    "batching": ("choice", BATCHING, False),
-    "temperature": ("number", (0.0, 100.0), False),
-    "seed": ("int", (0, None), False),
-    "k": ("k", (1, K_MAX_BOUND), False),
-    "k_max": ("int", (1, K_MAX_BOUND), False),
-    "draft": ("choice", DRAFT_KINDS, False),
-    "alpha": ("number", (0.0, 1.0), False),
-    "draft_ms": ("number", (0.0, 60_000.0), True),
-    "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
-    "rounds_per_k": ("int", (1, 100_000), False),
-}
+def _placement(raw: Any, source: str, scale: float) -> PlacementConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("expected a table", source=source, key="placement")
+    _check_keys(raw, _PLACEMENT_KEYS, source, "placement")
+    return PlacementConfig(kv=_string(raw, "kv", "local", source, "placement", KV_PLACEMENTS),
+                           head=_string(raw, "head", "entry", source, "placement", HEAD_PLACEMENTS),
+                           head_region=_string(raw, "head_region", "", source, "placement"),
+                           head_ms=_number(raw, "head_ms", 0.0, source, "placement", maximum=60_000) * scale)
 
 
-def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig:
-    """[decode] -> DecodeConfig: every field of the dataclass checked by its rule, defaults from the dataclass."""
-    values: dict[str, Any] = {}
-    for f in fields(DecodeConfig):
-        kind, bounds, scaled = _DECODE_RULES[f.name]
-        default = f.default
-        key = f"decode.{f.name}"
-        if kind == "choice":
-            value = _string(dec, f.name, default, source, "decode", bounds or tuple(MODES))
-        elif kind == "text":
-            value = _string(dec, f.name, default, source, "decode")
-            if not value:
-                raise ConfigError("expected a non-empty string", source=source, key=key)
-        elif kind == "k" and dec.get(f.name) == "auto":
-            value = "auto"
-        elif kind == "k_list":
-            value = _k_list(dec.get(f.name, list(default)), source, bounds)
-        else:
-            low, high = bounds
-            value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high,
-                            integer=kind in ("int", "k"))
-        values[f.name] = value * scale if scaled else value
-    if values["streams"] > 1 and values["mode"] == "plain":
-        values["mode"] = "streams"  # plain decode of several streams in flight is the streams mode
-    if values["streams"] > 1 and values["mode"] != "streams":
-        raise ConfigError(f"decode.mode {values['mode']!r} runs one stream; several streams need mode \"streams\" "
-                          f"(or \"plain\")", source=source, key="decode.streams")
-    return DecodeConfig(**values)
-
-
-def _k_list(value: Any, source: str, bounds: tuple[int, int]) -> tuple[int, ...]:
-    low, high = bounds
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) and low <= k <= high
-                                               for k in value):
-        raise ConfigError(f"expected an array of integers in [{low}, {high}], got {value!r}", source=source,
-                          key="decode.k_sweep")
-    return tuple(value)
-
-
-def parse_k_range(text: str) -> list[int]:
-    """'1..24' or '2,4,8' -> a list of K values (for the sweep command)."""
-    try:
-        if ".." in text:
-            low, high = (int(x) for x in text.split(".."))
-            values = list(range(low, high + 1))
-        else:
-            values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(1 <= k <= K_MAX_BOUND for k in values):
-        raise ConfigError(f"expected K values like 1..24 or 2,4,8 within [1, {K_MAX_BOUND}], got {text!r}", key="--k")
-    return values
+def _tensor_parallel(decode: DecodeConfig, links: list[LinkSpec], stages: list[StageConfig],
+                     placement: PlacementConfig, tp: TPConfig, regions: RegionMatrix | None,
+                     source: str) -> tuple[DecodeConfig, list[LinkSpec]]:
+    """parallel = "tp": plain decode of one stream as the "tp" mode; all-to-all gets a link between every pair
+    (from [regions] where the scenario has them, else [[network.links]] must give them)."""
+    if decode.mode != "plain":
+        raise ConfigError(f"tensor parallelism runs plain decode of one stream, not {decode.mode!r}", source=source,
+                          key="parallel")
+    if placement.head != "entry" or placement.kv != "local":
+        raise ConfigError("tensor parallelism keeps the head and the KV on every rank: leave [placement] at its "
+                          "defaults", source=source, key="parallel")
+    if decode.prefill_chunk:
+        raise ConfigError("tensor parallelism prefills the prompt in one pass: decode.prefill_chunk must be 0",
+                          source=source, key="decode.prefill_chunk")
+    n = len(stages)
+    if n < 2:
+        raise ConfigError("tensor parallelism needs at least two agents (stages)", source=source, key="parallel")
+    if tp.allreduce == "all-to-all":
+        have = {(link.src, link.dst) for link in links}
+        missing = [(i, j) for i in range(n) for j in range(n) if i != j and (i, j) not in have]
+        if missing and regions is not None:
+            template = links[0]
+            for i, j in missing:
+                ms = regions.latency(stages[i].region, stages[j].region)
+                links.append(replace(template, src=i, dst=j, delay_ms=ms, seed=template.seed + len(links)))
+        elif missing:
+            raise ConfigError(f"an all-to-all all-reduce needs a link between every pair of stages; missing "
+                              f"{', '.join(f'{i}->{j}' for i, j in missing)} (add [[network.links]] or give "
+                              f"[regions])", source=source, key="tp.allreduce")
+    return replace(decode, mode="tp"), links
 
 
 def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:
     """Each stage's [first, last) target layers: explicit `layers` where given, the rest split evenly."""
+    if stages and stages[-1].is_head:  # the separate head's agent runs no layers
+        return split_layers(n_layers, stages[:-1], source) + [(n_layers, n_layers)]
     n = len(stages)
     if n > n_layers:
         raise ConfigError(f"{n} stages but the model has only {n_layers} layers; every stage needs at least one",

@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 from rich.console import Console
@@ -44,6 +45,19 @@ class Placement(JsonRecord):
     predicted_tok_s: float
     measured_tok_s: float | None = None
     error_pct: float | None = None
+    label: str = ""  # "as given", "best", "worst", "best, head separate"
+    head: str = "entry"  # placement.head: "separate" adds the head's agent (and its hop) after the last stage
+
+
+@dataclass(frozen=True)
+class PlaceResult(JsonRecord):
+    """`place --json`: the orders (and head placements) of one scenario, predicted and, with --measure, measured."""
+
+    scenario: str
+    shaper: str
+    evaluated: int  # orders searched exhaustively (0: the heuristic)
+    median_t_ring_s: float | None
+    placements: tuple[Placement, ...]
 
 
 def ring_s(matrix: RegionMatrix, regions: list[str]) -> float:
@@ -92,11 +106,13 @@ def search(scenario: Scenario) -> tuple[tuple[int, ...], tuple[int, ...], int, f
     return two_opt(scenario.regions, regions), two_opt(scenario.regions, regions, -1.0), 0, None
 
 
-def reordered(scenario: Scenario, order: tuple[int, ...], label: str) -> Scenario:
-    """The scenario with its stages in `order` (layers follow the ring) and the hops that order implies."""
+def reordered(scenario: Scenario, order: tuple[int, ...], label: str, head_region: str = "") -> Scenario:
+    """The scenario with its stages in `order` (layers follow the ring) and the hops that order implies; with
+    head_region, the LM head on its own agent there (placement.head = "separate")."""
     raw = {"name": f"{scenario.name}-{label}", "description": f"{label} ring order", "model": scenario.model,
-           "stages": [{k: v for k, v in dataclasses.asdict(scenario.stages[i]).items() if v is not None}
-                      for i in order],
+           "stages": [{k: v for k, v in dataclasses.asdict(scenario.stages[i]).items()
+                       if v is not None and k != "is_head"} for i in order],
+           "placement": ({"head": "separate", "head_region": head_region} if head_region else {}),
            "regions": {"names": list(scenario.regions.names), "source": scenario.regions.source,
                        "one_way_ms": [list(row) for row in scenario.regions.one_way_ms]},
            "decode": {k: list(v) if isinstance(v, tuple) else v
@@ -111,18 +127,19 @@ def reordered(scenario: Scenario, order: tuple[int, ...], label: str) -> Scenari
     return scenario_from_dict(raw, scenario.source)
 
 
-def placement(scenario: Scenario) -> Placement:
+def placement(scenario: Scenario, label: str) -> Placement:
     compute = scenario.emulated_compute_s
     return Placement(tuple(st.name for st in scenario.stages), tuple(st.region for st in scenario.stages),
-                     scenario.t_ring_s, physics.wall_rate(compute, scenario.t_ring_s))
+                     scenario.t_ring_s, physics.wall_rate(compute, scenario.t_ring_s), label=label,
+                     head="separate" if scenario.stages[-1].is_head else "entry")
 
 
-def table(title: str, rows: list[tuple[str, Placement]]) -> Table:
+def table(title: str, rows: list[Placement]) -> Table:
     out = Table(title=title)
     for col in ("order", "ring", "T_ring ms", "predicted tok/s", "measured tok/s", "err %"):
         out.add_column(col, justify="left" if col == "ring" else "right")
-    for label, p in rows:
-        out.add_row(label, " -> ".join(p.order) + f" -> {p.order[0]}", f"{p.t_ring_s * 1e3:.1f}",
+    for p in rows:
+        out.add_row(p.label, " -> ".join(p.order) + f" -> {p.order[0]}", f"{p.t_ring_s * 1e3:.1f}",
                     f"{p.predicted_tok_s:.3f}", f"{p.measured_tok_s:.3f}" if p.measured_tok_s else "-",
                     f"{p.error_pct:+.2f}" if p.error_pct is not None else "-")
     return out
@@ -130,25 +147,33 @@ def table(title: str, rows: list[tuple[str, Placement]]) -> Table:
 
 def main(args: argparse.Namespace, console: Console) -> int:
     scenario = api.scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
+    if scenario.stages[-1].is_head:
+        raise ConfigError("place orders the stages with the head on the entry; compare a separate head with "
+                          "--head-region", source=scenario.source, key="placement.head")
     best, worst, evaluated, median = search(scenario)
-    rows = [("as given", placement(scenario)), ("best", placement(reordered(scenario, best, "best"))),
-            ("worst", placement(reordered(scenario, worst, "worst")))]
+    if args.head_region and args.head_region not in scenario.regions.names:
+        raise ConfigError(f"unknown region {args.head_region!r}; expected one of {', '.join(scenario.regions.names)}",
+                          key="--head-region")
+    runs = [("best", reordered(scenario, best, "best")), ("worst", reordered(scenario, worst, "worst"))]
+    if args.head_region:
+        runs.append((f"best, head in {args.head_region}", reordered(scenario, best, "best-head", args.head_region)))
+    rows = [placement(scenario, "as given")] + [placement(sc, label) for label, sc in runs]
     how = (f"all {evaluated} orders with {scenario.stages[0].name} first" if evaluated else
            f"{scenario.n_stages} regions: nearest neighbour + 2-opt (a local optimum, not an exhaustive search)")
+    shaper = "-"
     if args.measure:
         from testbed.launcher import run_scenario
 
         api.ensure_models(lambda message: console.print(f"[bold]{message}"))
         measured = []
-        for label, order in (("best", best), ("worst", worst)):
-            sc = reordered(scenario, order, label)
-            console.print(f"measuring the {label} order ({sc.n_stages} stages, T_ring {sc.t_ring_s * 1e3:.1f} ms)...")
+        for label, sc in runs:
+            console.print(f"measuring {label} ({sc.n_stages} agents, T_ring {sc.t_ring_s * 1e3:.1f} ms)...")
             summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
                                                     compensate=args.compensate))
+            shaper = summary.shaper
             # predicted with the measured C, as every run reports it
-            measured.append((label, dataclasses.replace(placement(sc), predicted_tok_s=summary.predicted_tok_s,
-                                                        measured_tok_s=summary.measured_tok_s,
-                                                        error_pct=summary.error_pct)))
+            measured.append(dataclasses.replace(placement(sc, label), predicted_tok_s=summary.predicted_tok_s,
+                                                measured_tok_s=summary.measured_tok_s, error_pct=summary.error_pct))
         rows = rows[:1] + measured
     title = (f"Ring orders of {scenario.name} ({how}; C = {scenario.emulated_compute_s * 1e3:.1f} ms emulated"
              + (f"; median T_ring {median * 1e3:.1f} ms" if median is not None else "") + ")")
@@ -156,4 +181,9 @@ def main(args: argparse.Namespace, console: Console) -> int:
     wide.print(table(title, rows))
     if scenario.regions.source:
         console.print(f"latencies: {scenario.regions.source}", highlight=False)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(PlaceResult(scenario.name, shaper, evaluated, median, tuple(rows)).to_json(indent=2) + "\n")
+        console.print(f"JSON: {path}")
     return 0

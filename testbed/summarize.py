@@ -79,17 +79,19 @@ def summarize(log: RunLog) -> RunSummary:
     predicted = predict.predicted_tok_s(log)
     hop_samples = [lap.hop_latencies_s() for lap in (decode or log.laps)]
     per_hop = []
-    for i, link in enumerate(sc.ring):
-        samples = [hops[i] * 1e3 for hops in hop_samples if hops]
-        sizes = [lap.hop_bytes()[i] for lap in decode if lap.kind == "decode"] or [lap.hop_bytes()[i] for lap in decode]
+    for i, link in enumerate(sc.ring):  # (a tensor-parallel lap has no hops: its stamp is rank 0's alone)
+        samples = [hops[i] * 1e3 for hops in hop_samples if len(hops) > i]
+        sizes = ([lap.hop_bytes()[i] for lap in decode if lap.kind == "decode" and len(lap.hop_bytes()) > i]
+                 or [lap.hop_bytes()[i] for lap in decode if len(lap.hop_bytes()) > i])
         per_hop.append(HopSummary(link.name, link.delay_ms, _percentile(samples, 50), _percentile(samples, 99),
                                   int(np.mean(sizes)) if sizes else None))
     overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
     stage_compute = np.array([lap.stage_compute_s() for lap in decode]) if decode else None  # [laps, stages]
     stage_real = np.array([lap.stage_real_s() for lap in decode]) if decode else None
+    measured_stage = decode and stage_compute.ndim == 2
     per_stage = tuple(StageSummary(i, st.name, st.compute_ms,
-                                   float(stage_compute[:, i].mean()) * 1e3 if decode else None,
-                                   float(stage_real[:, i].mean()) * 1e3 if decode else None)
+                                   float(stage_compute[:, i].mean()) * 1e3 if measured_stage and i < stage_compute.shape[1] else None,
+                                   float(stage_real[:, i].mean()) * 1e3 if measured_stage and i < stage_real.shape[1] else None)
                       for i, st in enumerate(sc.stages))
     prefill = [lap for lap in log.laps if lap.kind == "prefill"]
     ttft = ttft_summary(first_prefill(log.laps), sc) if prefill else None
@@ -97,7 +99,8 @@ def summarize(log: RunLog) -> RunSummary:
     info = MODES[sc.decode.mode]
     if info.summarizer is not None:
         mode_summaries[info.summary_field] = resolve(info.summarizer)(log.laps, sc)
-    streams = mode_summaries.get("streams")
+    # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
+    headline = next((m.headline for m in mode_summaries.values() if hasattr(m, "headline")), None)
     # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
     residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.extra.get("draft_s", 0.0)
                                for lap in decode])) * 1e3 if decode else None)
@@ -107,11 +110,9 @@ def summarize(log: RunLog) -> RunSummary:
         hops_ms=tuple(link.delay_ms for link in sc.ring), tokens=log.decode_tokens, laps=log.decode_laps,
         wall_s=log.decode_wall_s, compute_s=compute, compute_real_s=log.mean_real_s, t_ring_s=sc.t_ring_s,
         t_ring_measured_s=log.mean_ring_s if sc.n_stages > 1 else (0.0 if decode else None),
-        # several streams: the headline is the aggregate rate of the ring, next to its prediction
-        measured_tok_s=streams.aggregate_tok_s if streams else measured,
-        predicted_tok_s=streams.aggregate_predicted_tok_s if streams else predicted,
-        error_pct=(streams.aggregate_error_pct if streams else
-                   (measured / predicted - 1) * 100 if measured and predicted else None),
+        measured_tok_s=headline[0] if headline else measured,
+        predicted_tok_s=headline[1] if headline else predicted,
+        error_pct=(headline[2] if headline else (measured / predicted - 1) * 100 if measured and predicted else None),
         lap_residual_ms=residual, per_hop=tuple(per_hop), per_stage=per_stage,
         overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
         ttft=ttft, self_check=self_check(log), **mode_summaries,

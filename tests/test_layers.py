@@ -14,10 +14,11 @@ LAYERS = (
     (0, ("testbed.core",)),
     (1, ("agents", "netem")),
     (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.predict",
-         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.collector",
+         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
+         "testbed.decode_rules", "testbed.collector",
          "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
     (3, ("dashboards",)),
-    (4, ("testbed",)),  # the top: api, cli, bench, sweep, report
+    (4, ("testbed",)),  # the top: api, cli, bench, sweep, report, parallel, place
 )
 SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
 

@@ -8,7 +8,7 @@ import pytest
 
 from testbed.config import load_scenario, scenario_from_dict
 from testbed.core.errors import ConfigError
-from testbed.place import exact_orders, ring_s, reordered, search, two_opt
+from testbed.place import PlaceResult, exact_orders, ring_s, reordered, search, two_opt
 
 # Four regions on a line 0 - 1 - 2 - 3 (10 ms apart): the best ring goes out and back (60 ms), the worst zigzags.
 LINE = {"names": ["a", "b", "c", "d"],
@@ -70,11 +70,28 @@ def test_bad_regions_name_the_key(raw, key):
     assert info.value.key == key
 
 
-def test_place_runs_for_a_new_user_on_the_built_in_world():
-    result = subprocess.run([sys.executable, "-m", "testbed", "place", "world-8"], capture_output=True, text=True,
-                            timeout=120)
+def test_place_runs_for_a_new_user_on_the_built_in_world(tmp_path):
+    out = tmp_path / "place.json"
+    result = subprocess.run([sys.executable, "-m", "testbed", "place", "world-8", "--head-region", "tokyo",
+                             "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 5040 orders" in result.stdout and "best" in result.stdout and "worst" in result.stdout
+    placed = PlaceResult.from_json(out.read_text())
+    rows = {p.label: p for p in placed.placements}
+    best, head = rows["best"], rows["best, head in tokyo"]
+    assert head.head == "separate" and head.order == best.order + ("head",)
+    # the token now goes last stage -> tokyo -> entry instead of last stage -> entry: one more hop
+    world = load_scenario("world-8")
+    last = dict(zip(best.order, best.regions))[best.order[-1]]
+    extra = (world.regions.latency(last, "tokyo") + world.regions.latency("tokyo", best.regions[0])
+             - world.regions.latency(last, best.regions[0])) / 1e3
+    assert head.t_ring_s - best.t_ring_s == pytest.approx(extra)
+
+
+def test_a_bad_head_region_exits_2():
+    result = subprocess.run([sys.executable, "-m", "testbed", "place", "world-8", "--head-region", "mars"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--head-region" in result.stdout and "mars" in result.stdout
 
 
 @pytest.mark.slow

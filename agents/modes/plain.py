@@ -9,7 +9,7 @@ import torch
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core.decode import DecodeConfig
-
+from testbed.core.records import LapRecord
 
 
 class PlainMode:
@@ -25,17 +25,27 @@ class PlainMode:
         probs = torch.softmax(last / self.config.temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
+    # How a token's forward pass travels: one lap around the ring (a subclass may traverse otherwise: agents.tp).
+    async def traverse(self, block: list[int], pos: int, kind: str) -> tuple[int, LapRecord]:
+        return await self.ring.lap(block, pos, kind, self.sample)
+
+    async def prefill(self, prompt: list[int]) -> tuple[int, LapRecord]:
+        return await self.ring.prefill(prompt, self.config.prefill_chunk, self.sample)
+
+    def report(self, record: LapRecord) -> None:
+        self.ring.report(record)
+
     async def step(self, block: list[int], pos: int, kind: str) -> int:
-        token, record = await self.ring.lap(block, pos, kind, self.sample)
-        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        token, record = await self.traverse(block, pos, kind)
+        self.report(dataclasses.replace(record, tokens=1, ids=(token,)))
         return token
 
     async def run(self) -> int:
         """Decode config.tokens tokens; returns how many were generated."""
         block_size = self.ring.stage.model.config.block_size
         sequence = prompt_ids(self.config, block_size)
-        token, record = await self.ring.prefill(sequence, self.config.prefill_chunk, self.sample)
-        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        token, record = await self.prefill(sequence)
+        self.report(dataclasses.replace(record, tokens=1, ids=(token,)))
         sequence.append(token)
         generated = 1
         while generated < self.config.tokens:

@@ -47,6 +47,7 @@ class WireConfig(JsonRecord):
 
 
 KV_PLACEMENTS = ("local", "ship")
+HEAD_PLACEMENTS = ("entry", "separate")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,23 @@ class PlacementConfig(JsonRecord):
     # "local": every stage keeps its KV cache (the law). "ship": the anti-pattern of a migrating design, each
     # stage also sends the K and V it just computed to its successor every step (measured, not asserted).
     kv: str = "local"
+    # "entry": the LM head and sampler run on the entry node (N hops a lap). "separate": on their own agent after
+    # the last stage (agents.head), and the sampled token travels on to the entry: N + 1 hops a lap.
+    head: str = "entry"
+    head_region: str = ""  # separate head in a scenario with [regions]: where its agent sits
+    head_ms: float = 0.0  # separate head: its agent's emulated compute per lap (0 = the real head only)
+
+
+ALLREDUCE = ("ring", "all-to-all")
+
+
+@dataclass(frozen=True)
+class TPConfig(JsonRecord):
+    """[tp] of a scenario with parallel = "tp" (agents.tp): how the two all-reduces per layer travel."""
+
+    # "ring": reduce-scatter + all-gather over the ring's links, 2 (N - 1) serial steps of 1/N of the tensor.
+    # "all-to-all": every rank sends its whole partial to every other one (needs a link between every pair).
+    allreduce: str = "ring"
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,7 @@ class ModeInfo:
     metric_kind: str  # the `kind` label of its laps in Prometheus
     summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
     summary_field: str = "spec"  # the RunSummary field the summarizer's result goes to
+    every_agent: bool = False  # the runner runs on every agent (tensor parallelism), not on the entry alone
 
 
 # A new decode mode is one module plus one line here.
@@ -80,6 +99,8 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              summarizer="testbed.spec_summary:summarize_spec"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
              summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
+    ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.tp_summary:summarize_tp",
+             summary_field="tp", every_agent=True),
 )}
 
 

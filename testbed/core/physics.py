@@ -189,3 +189,39 @@ def ttft_pipelined(service_s: list[list[float]], t_ring_s: float, head_s: float 
     delays (pure delays, which never hold a chunk back from the next), plus the head on the last chunk.
     With one chunk it is Eq. 5: C_prefill(P) + T_ring + serialization."""
     return pipelined_completion(service_s) + t_ring_s + head_s
+
+
+def tp_token_s(link_s: dict[tuple[int, int], float], n_ranks: int, n_layers: int, segment_s: float,
+               head_s: float = 0.0, allreduce: str = "ring", tokens: int = 16) -> float:
+    """Tensor parallelism over links (seed 000, Eq. 8 made exact for an all-reduce algorithm): the steady-state
+    time of one token when each of n_ranks ranks computes 2 L segments (segment_s each), every segment ending in
+    an all-reduce, then the head (head_s). link_s[(i, j)]: one message's time from rank i to rank j (one-way delay
+    plus its serialization).
+
+    The ranks' clocks t_i evolve as a max-plus system (a rank waits for what it needs, then sends at once):
+        ring (2 (N - 1) steps):  t_i <- max(t_i, t_{i-1} + l_{i-1,i})   reduce-scatter, then all-gather
+        all-to-all (one step):   t_i <- max(t_i, max_j t_j + l_{j,i})
+    On a uniform ring of one-way l that is 2 (N - 1) l a collective, 4 L (N - 1) l a token: 4 L (N - 1) / N
+    times PP's N l, above Eq. 8's 4 L / N (which counts a collective as one round trip, 2 l); all-to-all is
+    2 L l a token, 2 L / N times PP's: a direct exchange is one one-way latency, below the round trip the
+    bound assumes. Returns the mean over `tokens` tokens after the first (the ranks start together).
+    """
+    if n_ranks < 2 or n_layers < 1 or tokens < 2:
+        raise ValueError(f"need n_ranks >= 2, n_layers >= 1, tokens >= 2, got {n_ranks}, {n_layers}, {tokens}")
+    if allreduce not in ("ring", "all-to-all"):
+        raise ValueError(f"allreduce must be 'ring' or 'all-to-all', got {allreduce!r}")
+    n = n_ranks
+    t = [0.0] * n
+    first_end = 0.0
+    for token in range(tokens):
+        for _segment in range(2 * n_layers):
+            t = [x + segment_s for x in t]
+            if allreduce == "ring":
+                for _step in range(2 * (n - 1)):
+                    t = [max(t[i], t[i - 1] + link_s[((i - 1) % n, i)]) for i in range(n)]
+            else:
+                t = [max([t[i]] + [t[j] + link_s[(j, i)] for j in range(n) if j != i]) for i in range(n)]
+        t = [x + head_s for x in t]
+        if token == 0:
+            first_end = t[0]
+    return (t[0] - first_end) / (tokens - 1)
