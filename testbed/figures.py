@@ -71,11 +71,11 @@ def measured_k_points(summary: RunSummary) -> list[tuple[float, float]]:
     return [(summary.spec.k, summary.measured_tok_s)]
 
 
-def _new_figure():
+def new_figure(size_in: tuple[float, float] = FIGURE_SIZE_IN):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=FIGURE_SIZE_IN, layout="constrained")
+    figure = Figure(figsize=size_in, layout="constrained")
     FigureCanvasAgg(figure)  # Agg without touching pyplot's global backend
     return figure
 
@@ -93,7 +93,7 @@ def plot_wall(summaries: Sequence[RunSummary], path: Path) -> None:
     """
     from matplotlib.ticker import FuncFormatter
 
-    figure = _new_figure()
+    figure = new_figure()
     axes = figure.add_subplot()
     t_values_ms = [s.t_ring_s * 1e3 for s in summaries if s.t_ring_s > 0]
     t_min_ms = min([PAPER_T_MIN_MS] + [t / 2 for t in t_values_ms])
@@ -145,7 +145,7 @@ def _k_star_label(group: Sequence[RunSummary]) -> str:
 def plot_spec(summaries: Sequence[RunSummary], path: Path) -> None:
     """Figure 2: measured r_spec vs K per alpha over Gamma(a, K) / (K c_d + C + T_ring), each run's K* marked."""
     groups = group_spec_runs(summaries)
-    figure = _new_figure()
+    figure = new_figure()
     axes = figure.add_subplot()
     runs = [s for g in groups for s in g]
     k_max = math.ceil(max([SPEC_MIN_K_AXIS, *(k + 4 for s in runs for k, _ in measured_k_points(s)),
@@ -231,7 +231,7 @@ def plot_streams(results: Sequence[RegimesResult], path: Path) -> None:
     """
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    figure = _new_figure()
+    figure = new_figure()
     aggregate, per_stream = figure.subplots(1, 2)
     ms: set[int] = set()
     for index, (name, rows) in enumerate(streams_series(results).items()):
@@ -271,7 +271,7 @@ def plot_streams(results: Sequence[RegimesResult], path: Path) -> None:
 def plot_ttft(results: Sequence[RegimesResult], path: Path) -> None:
     """TTFT vs prompt tokens P, one colour per link rate: lines join each point's own prediction
     C_prefill(P) + T_ring + the prompt's serialization (Eq. 5 with Eq. 1), points are measured."""
-    figure = _new_figure()
+    figure = new_figure()
     axes = figure.add_subplot()
     for index, (name, rows) in enumerate(ttft_series(results).items()):
         colour = WALL_COLOURS[index % len(WALL_COLOURS)]

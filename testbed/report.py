@@ -1,4 +1,5 @@
-"""`testbed report`: figures and a markdown table of measured vs predicted from JSON run summaries and regime maps."""
+"""`testbed report`: figures and markdown tables of measured vs predicted from JSON run summaries, regime maps,
+placement searches and PP-vs-TP sweeps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary, SpecSummary
 from testbed.figures import plot_spec, plot_streams, plot_ttft, plot_wall
+from testbed.placement_figures import (SourcedPlace, SourcedTp, parse_place, parse_tp, placement_markdown,
+                                       plot_placement, plot_tp)
 from testbed.regimes import KINDS, RegimeRow, RegimesResult
 
 DEFAULT_OUT_DIR: Final = "out/report"
@@ -22,6 +25,8 @@ WALL_FIGURE: Final = "fig1_wall.png"
 SPEC_FIGURE: Final = "fig2_spec.png"
 STREAMS_FIGURE: Final = "fig3_streams.png"
 TTFT_FIGURE: Final = "fig4_ttft.png"
+PLACEMENT_FIGURE: Final = "fig5_placement.png"
+TP_FIGURE: Final = "fig6_tp.png"
 REPORT_MD: Final = "report.md"
 DASH: Final = "–"
 
@@ -77,10 +82,12 @@ class SourcedRegimes:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything a report reads: run summaries and regime maps, in the order given."""
+    """Everything a report reads: run summaries, regime maps, placement searches, PP-vs-TP sweeps, in given order."""
 
     runs: list[SourcedSummary]
     regimes: list[SourcedRegimes]
+    placements: list[SourcedPlace]
+    tp: list[SourcedTp]
 
 
 # ---------------------------------------------------------------- loading and validation
@@ -157,9 +164,14 @@ def parse_regimes(data: dict, source: str) -> SourcedRegimes:
 
 
 def _parse(data: Any, source: str, inputs: Inputs) -> None:
-    """One JSON object into `inputs`: a regime map has "rows", anything else must be a run summary."""
+    """One JSON object into `inputs`, told apart by its keys: a regime map has "rows", a placement search
+    "placements", a PP-vs-TP sweep "tp_rows"; anything else must be a run summary."""
     if isinstance(data, dict) and "rows" in data:
         inputs.regimes.append(parse_regimes(data, source))
+    elif isinstance(data, dict) and "placements" in data:
+        inputs.placements.append(parse_place(data, source))
+    elif isinstance(data, dict) and "tp_rows" in data:
+        inputs.tp.append(parse_tp(data, source))
     else:
         inputs.runs.append(parse_summary(data, source))
 
@@ -176,9 +188,9 @@ def _json_files(path: Path) -> list[Path]:
 
 
 def load_inputs(paths: Iterable[str | Path]) -> Inputs:
-    """Every run summary and regime map in `paths` (files holding one object or a list, e.g. a sweep, or
-    directories of them)."""
-    loaded = Inputs([], [])
+    """Every run summary, regime map, placement search and PP-vs-TP sweep in `paths` (files holding one object or
+    a list, e.g. a sweep, or directories of them)."""
+    loaded = Inputs([], [], [], [])
     for path in paths:
         for file in _json_files(Path(path)):
             try:
@@ -194,8 +206,8 @@ def load_inputs(paths: Iterable[str | Path]) -> Inputs:
                     _parse(item, f"{file}[{i}]", loaded)
             else:
                 _parse(data, str(file), loaded)
-    if not loaded.runs and not loaded.regimes:
-        raise ConfigError("no run summaries given")
+    if not (loaded.runs or loaded.regimes or loaded.placements or loaded.tp):
+        raise ConfigError("no run summaries or results given")
     return loaded
 
 
@@ -278,13 +290,14 @@ def _regime_rows(maps: Sequence[SourcedRegimes]) -> list[str]:
 
 
 def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
-    """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep, and
-    every point of every regime map."""
+    """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep, every
+    point of every regime map, and every placement and PP-vs-TP point."""
     runs = inputs.runs
     lines = [
         "# geo-ring report",
         "",
-        f"{len(runs)} run summaries, {len(inputs.regimes)} regime maps. Predicted = each run's own prediction: "
+        f"{len(runs)} run summaries, {len(inputs.regimes)} regime maps, {len(inputs.placements)} placement "
+        f"searches, {len(inputs.tp)} PP-vs-TP sweeps. Predicted = each run's own prediction: "
         "r = 1/(C + T_ring) with the configured T_ring and the measured C; for speculation "
         "r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and draft time (Γ predicted = Γ(α̂, K) from the "
         "measured acceptance α̂); for M streams physics.streams_rates; for TTFT C_prefill + T_ring + the "
@@ -302,6 +315,8 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
         lines += ["", "## K sweeps", "", *_per_k_rows(sweeps)]
     if inputs.regimes:
         lines += ["", "## Regimes", "", *_regime_rows(inputs.regimes)]
+    if inputs.placements or inputs.tp:
+        lines += ["", "## Placement", "", *placement_markdown(inputs.placements, inputs.tp)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -311,11 +326,11 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="testbed report",
-        description="Figures (fig1_wall.png, fig2_spec.png, fig3_streams.png, fig4_ttft.png) and report.md of "
-                    "measured vs predicted from run summaries and regime maps.")
+        description="Figures (fig1_wall.png .. fig6_tp.png) and report.md of measured vs predicted from run "
+                    "summaries, regime maps, placement searches and PP-vs-TP sweeps.")
     parser.add_argument("results", nargs="+", metavar="RESULTS",
-                        help="JSON run summaries or `testbed regimes` results (one object or a list per file) or "
-                             "directories of *.json")
+                        help="JSON run summaries or `testbed regimes`, `place --json` or `tp --json` results (one "
+                             "object or a list per file) or directories of *.json")
     parser.add_argument("--out", default=DEFAULT_OUT_DIR, metavar="DIR",
                         help=f"output directory (default: {DEFAULT_OUT_DIR})")
     return parser
@@ -330,7 +345,9 @@ def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
     plans = ((WALL_FIGURE, plot_wall, summaries, bool(summaries)),
              (SPEC_FIGURE, plot_spec, summaries, any(s.is_speculative for s in summaries)),
              (STREAMS_FIGURE, plot_streams, results, any(row.regime == "streams" for row in rows)),
-             (TTFT_FIGURE, plot_ttft, results, any(row.regime == "ttft" for row in rows)))
+             (TTFT_FIGURE, plot_ttft, results, any(row.regime == "ttft" for row in rows)),
+             (PLACEMENT_FIGURE, plot_placement, [item.result for item in inputs.placements], bool(inputs.placements)),
+             (TP_FIGURE, plot_tp, [item.result for item in inputs.tp], bool(inputs.tp)))
     written: list[Path] = []
     for name, plot, data, needed in plans:
         if needed:
@@ -349,8 +366,11 @@ def main(argv: list[str]) -> int:
     writes `fig1_wall.png` (the wall, seed 000 Figure 1, with the measured points), `fig2_spec.png` (r_spec
     vs K per alpha, seed 000 Figure 2, only when speculative runs are present) and `report.md`. A regime map
     (`testbed regimes` JSON, told apart by its "rows") adds `fig3_streams.png` (aggregate and per-stream rate
-    vs M per batching policy) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate). Every "predicted"
-    figure is the run's own, as its summarizer wrote it into the RunSummary or RegimeRow.
+    vs M per batching policy) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate). A placement search
+    (`testbed place --json`, told apart by "placements") adds `fig5_placement.png` (predicted rate per ring order,
+    measured on it) and a PP-vs-TP sweep (`testbed tp --json`, "tp_rows") `fig6_tp.png` (per-token latency vs
+    link latency, with Eq. 8's bound), both tabled under "## Placement". Every "predicted" figure is the run's
+    own, as its summarizer wrote it into the RunSummary, RegimeRow, Placement or TpRow.
     """
     parser = build_parser()
     try:

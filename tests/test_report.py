@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import figures, report
+from testbed import figures, placement_figures, report
+from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
+from testbed.parallel import TpResult, TpRow
+from testbed.place import Placement, PlaceResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent
@@ -235,6 +238,157 @@ def with_row(index: int, **changes) -> dict:
 ])
 def test_bad_regimes_input_exits_2_naming_file_and_field(tmp_path, capsys, content, expected):
     bad = write(tmp_path / "bad_regimes.json", content)
+    assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and expected in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+# ---------------------------------------------------------------- placement (`place --json`, `tp --json`)
+
+REGIONS = ("us-east", "eu-west", "ap-south", "sa-east")
+BEST_ORDER, WORST_ORDER = ("entry", "s2", "s1", "s3"), ("entry", "s3", "s1", "s2")
+
+
+def place_result(measured: bool = True) -> PlaceResult:
+    """What `place geo --measure --head-region eu-west --json F` writes: as given, best, worst, and the best order
+    with a separate head (listed last, as place lists it)."""
+    def placement(label, order, t_ring_s, predicted, measured_tok_s=None, head="entry"):
+        regions = tuple(REGIONS[int(name[1:]) if name.startswith("s") else 0] for name in order)
+        if head == "separate":
+            order, regions = order + ("head",), regions + ("eu-west",)
+        error = None if measured_tok_s is None else 100 * (measured_tok_s / predicted - 1)
+        return Placement(order, regions, t_ring_s, predicted, measured_tok_s, error, label, head)
+
+    rates = (4.71, 2.02, 4.40) if measured else (None, None, None)
+    return PlaceResult("geo", "userspace" if measured else "-", 6, 0.310, (
+        placement("as given", ("entry", "s1", "s2", "s3"), 0.262, 3.51),
+        placement("best", BEST_ORDER, 0.182, 4.82, rates[0]),
+        placement("worst", WORST_ORDER, 0.451, 2.07, rates[1]),
+        placement("best, head in eu-west", BEST_ORDER, 0.197, 4.49, rates[2], head="separate"),
+    ))
+
+
+def tp_result() -> TpResult:
+    """What `tp small --hop-scale 0.25,0.5,1 --json F` writes (rows as measured, the largest scale first)."""
+    def row(scale, pp_ms, tp_ms, same=True):
+        link_ms = 20.0 * scale
+        pp_pred, tp_pred = 40.0 + 4 * link_ms, 2 * 4 * 2 * 3 * link_ms + 10.0
+        return TpRow(scale, link_ms, pp_ms, pp_pred, tp_ms, tp_pred, tp_ms / pp_ms, tp_pred / pp_pred, 4.0,
+                     3072.0, 1024.0, same)
+
+    return TpResult("small", "userspace", 4, 4, "ring",
+                    (row(1.0, 121.0, 975.0), row(0.25, 59.5, 255.0, same=False), row(0.5, 81.0, 495.0)))
+
+
+PLACE_DICT, TP_DICT = place_result().to_dict(), tp_result().to_dict()
+
+
+def test_report_from_place_and_tp_results_draws_fig5_fig6_and_tables_every_point(tmp_path):
+    place_file, tp_file = write(tmp_path / "place.json", PLACE_DICT), write(tmp_path / "tp.json", TP_DICT)
+    out = tmp_path / "out"
+    assert report.main([str(place_file), str(tp_file), "--out", str(out)]) == 0
+
+    assert_png(out / "fig5_placement.png")
+    assert_png(out / "fig6_tp.png")
+    assert not any((out / f"fig{i}_{name}.png").exists() for i, name in
+                   ((1, "wall"), (2, "spec"), (3, "streams"), (4, "ttft")))
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "![fig5_placement](fig5_placement.png)" in markdown and "![fig6_tp](fig6_tp.png)" in markdown
+    assert "0 run summaries, 0 regime maps, 1 placement searches, 1 PP-vs-TP sweeps" in markdown
+    section = markdown.split("## Placement")[1]
+    assert "place.json: geo, shaper userspace, all 6 orders searched, median T_ring 310.0 ms." in section
+    table = [line for line in section.splitlines() if line.startswith(f"| {place_file} |")]
+    # the separate head sits right under the best order it adds its agent to
+    assert [line.split(" | ")[1] for line in table] == ["as given", "best", "best, head in eu-west", "worst"]
+    assert table[0] == cells(str(place_file), "as given", "entry (us-east) -> s1 (eu-west) -> s2 (ap-south) -> "
+                             "s3 (sa-east) -> entry", "262.0", "3.51", "–", "–")
+    assert table[2] == cells(str(place_file), "best, head in eu-west", "entry (us-east) -> s2 (ap-south) -> "
+                             "s1 (eu-west) -> s3 (sa-east) -> head (eu-west) -> entry", "197.0", "4.49", "4.40",
+                             f"{100 * (4.40 / 4.49 - 1):+.1f}")
+    tp = [line for line in section.splitlines() if line.startswith(f"| {tp_file} |")]
+    assert [line.split(" | ")[1] for line in tp] == ["0.25", "0.5", "1"]  # by link latency
+    row = TP_DICT["tp_rows"][1]
+    assert tp[0] == cells(str(tp_file), "0.25", "5.0", "59.5", f"{row['pp_predicted_token_ms']:.1f}", "255.0",
+                          f"{row['tp_predicted_token_ms']:.1f}", f"{row['ratio_measured']:.2f}",
+                          f"{row['ratio_predicted']:.2f}", "4.00", "no")
+    assert "tp.json: small, 4 agents, 4 layers, ring all-reduce, shaper userspace." in section
+
+
+def test_place_tp_and_run_summaries_in_one_list_report_together(tmp_path):
+    both = write(tmp_path / "both.json", [PLACE_DICT, place_result(measured=False).to_dict(), TP_DICT])
+    inputs = report.load_inputs([both, PLAIN_FILE])
+    assert [item.source for item in inputs.placements] == [f"{both}[0]", f"{both}[1]"]
+    assert [item.source for item in inputs.tp] == [f"{both}[2]"] and len(inputs.runs) == 1
+    assert inputs.placements[0].result == place_result() and inputs.tp[0].result == tp_result()
+    out = tmp_path / "out"
+    assert report.main([str(both), str(PLAIN_FILE), "--out", str(out)]) == 0
+    for name in ("fig1_wall.png", "fig5_placement.png", "fig6_tp.png"):
+        assert_png(out / name)
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert markdown.index("## Measured vs predicted") < markdown.index("## Placement")
+    unmeasured = markdown_row(markdown.split(f"{both}[1]: geo")[1], f"{both}[1]")
+    assert unmeasured.endswith("| 262.0 | 3.51 | – | – |"), unmeasured
+
+
+def test_no_inputs_is_an_error_and_placement_results_alone_are_enough(tmp_path):
+    with pytest.raises(ConfigError, match="no run summaries or results given"):
+        report.load_inputs([])
+    inputs = report.load_inputs([write(tmp_path / "tp.json", TP_DICT)])
+    assert not inputs.runs and not inputs.regimes and not inputs.placements and len(inputs.tp) == 1
+
+
+def group_labels(result: PlaceResult) -> list[list[str]]:
+    return [[p.label for p in group] for group in placement_figures.placement_groups(result)]
+
+
+def test_a_separate_head_is_drawn_under_the_order_it_derives_from():
+    result = place_result()
+    assert group_labels(result) == [["as given"], ["best", "best, head in eu-west"], ["worst"]]
+    # "as given" may be the best order itself: the label says which one the head was added to
+    given = replace(result.placements[0], order=BEST_ORDER)
+    assert group_labels(replace(result, placements=(given, *result.placements[1:]))) == [
+        ["as given"], ["best", "best, head in eu-west"], ["worst"]]
+    # a head whose order matches none is still drawn, last
+    stray = replace(result.placements[3], order=("entry", "s9", "head"), label="odd, head in eu-west",
+                    regions=REGIONS[:3])
+    assert group_labels(replace(result, placements=(*result.placements[:3], stray)))[-1] == [stray.label]
+    assert [row.hop_scale for row in placement_figures.tp_series(tp_result())] == [0.25, 0.5, 1.0]
+
+
+def changed(data: dict, rows: str, index: int, **changes) -> dict:
+    items = [dict(item) for item in data[rows]]
+    items[index] = {key: value for key, value in {**items[index], **changes}.items() if value != "drop"}
+    return {**data, rows: items}
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (changed(PLACE_DICT, "placements", 3, head="side"), "placements[3].head: expected one of entry, separate, "
+                                                        "got 'side'"),
+    (changed(PLACE_DICT, "placements", 1, predicted_tok_s="fast"),
+     "placements[1].predicted_tok_s: expected a finite number, got 'fast'"),
+    (changed(PLACE_DICT, "placements", 2, t_ring_s=None), "placements[2].t_ring_s: expected a number, got null"),
+    (changed(PLACE_DICT, "placements", 2, measured_tok_s=-1.0),
+     "placements[2].measured_tok_s: expected a number >= 0, got -1.0"),
+    (changed(PLACE_DICT, "placements", 0, regions=["us-east"]),
+     "placements[0].regions: expected one region per stage (4), got 1"),
+    (changed(PLACE_DICT, "placements", 0, order="entry,s1"), "placements[0].order: expected a non-empty list"),
+    (changed(PLACE_DICT, "placements", 1, label=""), "placements[1].label: expected a non-empty string"),
+    (changed(PLACE_DICT, "placements", 0, order="drop"),
+     "not a placement result: PlaceResult.placements[0]: missing field(s) order"),
+    ({**PLACE_DICT, "placements": []}, "placements: expected a non-empty list of placements"),
+    ({**PLACE_DICT, "evaluated": -1}, "evaluated: expected an integer >= 0, got -1"),
+    (changed(TP_DICT, "tp_rows", 1, tp_token_ms=0.0), "tp_rows[1].tp_token_ms: expected a number > 0, got 0.0"),
+    (changed(TP_DICT, "tp_rows", 0, mean_link_ms=None), "tp_rows[0].mean_link_ms: expected a number, got null"),
+    (changed(TP_DICT, "tp_rows", 2, same_tokens="yes"), "tp_rows[2].same_tokens: expected true or false"),
+    (changed(TP_DICT, "tp_rows", 0, speed=1.0), "not a PP-vs-TP result: TpResult.tp_rows[0]: unknown field(s) speed"),
+    ({**TP_DICT, "allreduce": "tree"}, "allreduce: expected one of ring, all-to-all, got 'tree'"),
+    ({**TP_DICT, "ranks": 0}, "ranks: expected an integer >= 1, got 0"),
+    ({**TP_DICT, "tp_rows": []}, "tp_rows: expected a non-empty list of rows"),
+])
+def test_bad_place_or_tp_input_exits_2_naming_file_and_field(tmp_path, capsys, content, expected):
+    bad = write(tmp_path / "bad_placement.json", content)
     assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: " in err and expected in err, err

@@ -98,6 +98,9 @@ def test_all_to_all_takes_its_links_from_the_regions():
     assert pairs[(0, 2)] == sc.regions.latency(sc.stages[0].region, sc.stages[2].region)
 
 
+DILATION = 2.0
+
+
 def tolerance(summary) -> float:
     """The overhead budget of every all-reduce message a token waits on, over the token's latency."""
     t = summary.tp
@@ -107,16 +110,18 @@ def tolerance(summary) -> float:
 
 @pytest.mark.slow
 def test_tp_on_the_geo_ring_pays_its_all_reduces():
-    """The geo ring with its links at half their delay (65, 20, 55 ms), undilated: PP, then TP with the ring
+    """The geo ring with its links at half their delay (65, 20, 55 ms), at D = 2: PP, then TP with the ring
     all-reduce. Predicted TP/PP 13.0, Eq. 8's bound 4 L / N = 8."""
-    base = ["decode.tokens=5", "decode.temperature=0"]
-    pp = run(scaled_links(api.scenario("geo-ring", overrides=base), 0.5))
-    tp = run(scaled_links(api.scenario("geo-ring", overrides=base + ["parallel=tp"]), 0.5))
+    base = ["decode.tokens=4", "decode.temperature=0"]
+    pp = run(scaled_links(api.scenario("geo-ring", overrides=base), 0.5), dilation=DILATION)
+    tp = run(scaled_links(api.scenario("geo-ring", overrides=base + ["parallel=tp"]), 0.5), dilation=DILATION)
     t = tp.tp
-    assert (t.ranks, t.layers, t.allreduce, t.tokens) == (3, 6, "ring", 4)
+    assert (t.ranks, t.layers, t.allreduce, t.tokens) == (3, 6, "ring", 3)
     assert t.messages_per_token == 2 * 6 * 2 * (3 - 1)
     assert tp.token_ids == pp.token_ids  # TP's numerics decode what the pipeline decodes
-    assert t.token_ms == pytest.approx(t.predicted_token_ms, rel=min(0.05, tolerance(tp)))
+    # the issue's 5%; the overhead budget of its 48 messages a token is 4.4% undilated, 2.2% at D = 2
+    assert t.token_ms == pytest.approx(t.predicted_token_ms, rel=0.05)
+    assert t.token_ms == pytest.approx(t.predicted_token_ms, rel=tolerance(tp) / DILATION)
     ratio = t.token_ms / (1e3 / pp.measured_tok_s)
     exact = t.predicted_token_ms / (1e3 / pp.predicted_tok_s)
     assert ratio == pytest.approx(exact, rel=0.05)
@@ -130,14 +135,15 @@ def test_all_to_all_is_one_exchange_per_all_reduce():
            "network": {"hops_ms": [20.0, 30.0]}, "decode": {"tokens": 6, "temperature": 0.0}}
     from testbed.config import scenario_from_dict
 
-    pp = run(scenario_from_dict(raw, "<test>"), dilation=2.0)
-    tp = run(scenario_from_dict({**raw, "parallel": "tp", "tp": {"allreduce": "all-to-all"}}, "<test>"), dilation=2.0)
+    pp = run(scenario_from_dict(raw, "<test>"), dilation=DILATION)
+    tp = run(scenario_from_dict({**raw, "parallel": "tp", "tp": {"allreduce": "all-to-all"}}, "<test>"),
+             dilation=DILATION)
     t = tp.tp
     assert tp.token_ids == pp.token_ids
     assert t.messages_per_token == 12
     # each exchange waits for the slower direction's partner: the pair's mean link, 25 ms, per all-reduce
     assert t.predicted_token_ms == pytest.approx(12 * (25.0 + t.segment_ms) + t.head_ms, rel=1e-6)
-    assert t.token_ms == pytest.approx(t.predicted_token_ms, rel=tolerance(tp) / 2.0)
+    assert t.token_ms == pytest.approx(t.predicted_token_ms, rel=tolerance(tp) / DILATION)
 
 
 def test_a_bad_hop_scale_exits_2():

@@ -1,0 +1,326 @@
+"""The report's placement section: `testbed place` and `testbed tp` results checked, tabled and drawn.
+
+A placement search (`place --json`, told apart by its "placements") becomes fig5_placement.png and a table per
+search: the predicted rate 1/(C + T_ring) of each ring order, measured where --measure ran it. A PP-vs-TP sweep
+(`tp --json`, told apart by its "tp_rows") becomes fig6_tp.png and a table per sweep: per-token latency vs the
+links' one-way latency, measured next to predicted, with Eq. 8's bound 4 L / N.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from testbed.core.decode import ALLREDUCE, HEAD_PLACEMENTS
+from testbed.core.errors import ConfigError
+from testbed.figures import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
+from testbed.parallel import TpResult, TpRow
+from testbed.place import Placement, PlaceResult
+
+DASH: Final = "–"
+# (field, minimum, required): the numbers fig5 and the table read from each placement.
+PLACEMENT_NUMBERS: Final = (("t_ring_s", 0.0, True), ("predicted_tok_s", 0.0, True),
+                            ("measured_tok_s", 0.0, False), ("error_pct", None, False))
+TP_ROW_POSITIVE: Final = ("hop_scale", "pp_token_ms", "pp_predicted_token_ms", "tp_token_ms",
+                          "tp_predicted_token_ms", "ratio_bound")  # fig6 draws these (times PP) on a log axis
+TP_ROW_NON_NEGATIVE: Final = ("mean_link_ms", "ratio_measured", "ratio_predicted", "tp_bytes_per_token",
+                              "pp_bytes_per_token")
+# fig5's bar colour per label; a separate head's bar takes the colour of the order it derives from, hatched.
+LABEL_COLOURS: Final = {"as given": "0.6", "best": "tab:green", "worst": "tab:red"}
+OTHER_LABEL_COLOUR: Final = "tab:blue"
+SEPARATE_HEAD_HATCH: Final = "//"
+BAR_GROUP_GAP: Final = 0.5  # extra space between an order (with its separate head) and the next
+BAR_HEIGHT_IN: Final = 0.55
+TP_COLOURS: Final = tuple(zip(WALL_COLOURS[0::2], WALL_COLOURS[1::2]))  # (PP, TP) per sweep
+
+
+@dataclass(frozen=True)
+class SourcedPlace:
+    """One placement search (`testbed place --json`) and where it came from."""
+
+    source: str
+    result: PlaceResult
+
+
+@dataclass(frozen=True)
+class SourcedTp:
+    """One PP-vs-TP sweep (`testbed tp --json`) and where it came from."""
+
+    source: str
+    result: TpResult
+
+
+# ---------------------------------------------------------------- loading and validation
+
+
+def _check_number(value: Any, source: str, key: str, *, minimum: float | None = None, positive: bool = False,
+                  required: bool = True) -> None:
+    if value is None:
+        if required:
+            raise ConfigError("expected a number, got null", source=source, key=key)
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"expected a finite number, got {value!r}", source=source, key=key)
+    if positive and value <= 0:
+        raise ConfigError(f"expected a number > 0, got {value!r}", source=source, key=key)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"expected a number >= {minimum:g}, got {value!r}", source=source, key=key)
+
+
+def _check_count(value: Any, minimum: int, source: str, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}", source=source, key=key)
+
+
+def _check_text(value: Any, source: str, key: str, choices: Sequence[str] = (), *, empty_ok: bool = False) -> None:
+    if choices and value not in choices:
+        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=key)
+    if not isinstance(value, str) or not (value or empty_ok):
+        raise ConfigError(f"expected a{'' if empty_ok else ' non-empty'} string, got {value!r}", source=source,
+                          key=key)
+
+
+def check_placement(placement: Placement, source: str, where: str) -> None:
+    """A placement's stages, regions, label, head and numbers are what fig5 reads; errors name the field."""
+    for key in ("order", "regions"):
+        names = getattr(placement, key)
+        if not isinstance(names, tuple) or not names or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"expected a non-empty list of names, got {names!r}", source=source,
+                              key=f"{where}.{key}")
+    if len(placement.regions) != len(placement.order):
+        raise ConfigError(f"expected one region per stage ({len(placement.order)}), got {len(placement.regions)}",
+                          source=source, key=f"{where}.regions")
+    _check_text(placement.label, source, f"{where}.label")
+    _check_text(placement.head, source, f"{where}.head", HEAD_PLACEMENTS)
+    for key, minimum, required in PLACEMENT_NUMBERS:
+        _check_number(getattr(placement, key), source, f"{where}.{key}", minimum=minimum, required=required)
+
+
+def parse_place(data: dict, source: str) -> SourcedPlace:
+    """A `testbed place --json` object -> a checked PlaceResult; field errors become ConfigError."""
+    try:
+        result = PlaceResult.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"not a placement result: {exc}", source=source) from exc
+    _check_text(result.scenario, source, "scenario")
+    _check_text(result.shaper, source, "shaper", empty_ok=True)
+    _check_count(result.evaluated, 0, source, "evaluated")
+    _check_number(result.median_t_ring_s, source, "median_t_ring_s", minimum=0.0, required=False)
+    if not isinstance(result.placements, tuple) or not result.placements:
+        raise ConfigError(f"expected a non-empty list of placements, got {result.placements!r}", source=source,
+                          key="placements")
+    for i, placement in enumerate(result.placements):
+        check_placement(placement, source, f"placements[{i}]")
+    return SourcedPlace(source, result)
+
+
+def check_tp_row(row: TpRow, source: str, where: str) -> None:
+    """A row's latencies and ratios are numbers (those on fig6's log axis above 0); errors name the field."""
+    for key in TP_ROW_POSITIVE:
+        _check_number(getattr(row, key), source, f"{where}.{key}", positive=True)
+    for key in TP_ROW_NON_NEGATIVE:
+        _check_number(getattr(row, key), source, f"{where}.{key}", minimum=0.0)
+    if not isinstance(row.same_tokens, bool):
+        raise ConfigError(f"expected true or false, got {row.same_tokens!r}", source=source, key=f"{where}.same_tokens")
+
+
+def parse_tp(data: dict, source: str) -> SourcedTp:
+    """A `testbed tp --json` object -> a checked TpResult; field errors become ConfigError."""
+    try:
+        result = TpResult.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"not a PP-vs-TP result: {exc}", source=source) from exc
+    _check_text(result.scenario, source, "scenario")
+    _check_text(result.shaper, source, "shaper", empty_ok=True)
+    _check_count(result.ranks, 1, source, "ranks")
+    _check_count(result.layers, 1, source, "layers")
+    _check_text(result.allreduce, source, "allreduce", ALLREDUCE)
+    if not isinstance(result.tp_rows, tuple) or not result.tp_rows:
+        raise ConfigError(f"expected a non-empty list of rows, got {result.tp_rows!r}", source=source, key="tp_rows")
+    for i, row in enumerate(result.tp_rows):
+        check_tp_row(row, source, f"tp_rows[{i}]")
+    return SourcedTp(source, result)
+
+
+# ---------------------------------------------------------------- what is drawn, in which order
+
+
+def _derives_from(separate: Placement, entry: Sequence[Placement]) -> int | None:
+    """Index of the entry-head order a separate-head placement adds its head's agent to (the same stages, the
+    head appended last); the label breaks ties ("best, head in R" -> "best"), and stands in when no order matches."""
+    same = [i for i, p in enumerate(entry) if p.order == separate.order[:-1]]
+    named = [i for i, p in enumerate(entry) if separate.label.startswith(f"{p.label},")]
+    return next((i for i in same if i in named), same[0] if same else (named[0] if named else None))
+
+
+def placement_groups(result: PlaceResult) -> list[list[Placement]]:
+    """The placements in drawing order: each entry-head order followed by the separate-head placements derived
+    from it (the second and later in a group are the separate heads); a head that matches no order comes last."""
+    entry = [p for p in result.placements if p.head != "separate"]
+    groups: list[list[Placement]] = [[p] for p in entry]
+    orphans: list[Placement] = []
+    for p in result.placements:
+        if p.head == "separate":
+            base = _derives_from(p, entry)
+            (orphans if base is None else groups[base]).append(p)
+    return groups + [[p] for p in orphans]
+
+
+def tp_series(result: TpResult) -> list[TpRow]:
+    """A sweep's rows in order of the mean link latency (fig6's x)."""
+    return sorted(result.tp_rows, key=lambda row: row.mean_link_ms)
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return DASH if value is None else format(value, spec)
+
+
+def _ring(p: Placement) -> str:
+    return " -> ".join([f"{name} ({region})" for name, region in zip(p.order, p.regions, strict=True)] + [p.order[0]])
+
+
+def _search(result: PlaceResult) -> str:
+    how = (f"all {result.evaluated} orders searched" if result.evaluated
+           else "nearest neighbour + 2-opt (a local optimum)")
+    median = "" if result.median_t_ring_s is None else f", median T_ring {result.median_t_ring_s * 1e3:.1f} ms"
+    return how + median
+
+
+def _place_rows(item: SourcedPlace) -> list[str]:
+    r = item.result
+    lines = [f"{item.source}: {r.scenario}, shaper {r.shaper or DASH}, {_search(r)}.", "",
+             "| source | placement | ring | T_ring (ms) | predicted (tok/s) | measured (tok/s) | error (%) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for p in (p for group in placement_groups(r) for p in group):
+        lines.append(f"| {item.source} | {p.label} | {_ring(p)} | {p.t_ring_s * 1e3:.1f} | {p.predicted_tok_s:.2f} | "
+                     f"{_cell(p.measured_tok_s, '.2f')} | {_cell(p.error_pct, '+.1f')} |")
+    return lines + [""]
+
+
+def _tp_rows(item: SourcedTp) -> list[str]:
+    r = item.result
+    lines = [f"{item.source}: {r.scenario}, {r.ranks} agents, {r.layers} layers, {r.allreduce} all-reduce, "
+             f"shaper {r.shaper or DASH}.", "",
+             "| source | links x | mean link (ms) | PP measured (ms) | PP predicted (ms) | TP measured (ms) "
+             "| TP predicted (ms) | TP/PP measured | TP/PP exact | 4L/N | same tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for row in tp_series(r):
+        lines.append(f"| {item.source} | {row.hop_scale:g} | {row.mean_link_ms:.1f} | {row.pp_token_ms:.1f} | "
+                     f"{row.pp_predicted_token_ms:.1f} | {row.tp_token_ms:.1f} | {row.tp_predicted_token_ms:.1f} | "
+                     f"{row.ratio_measured:.2f} | {row.ratio_predicted:.2f} | {row.ratio_bound:.2f} | "
+                     f"{'yes' if row.same_tokens else 'no'} |")
+    return lines + [""]
+
+
+def placement_markdown(places: Sequence[SourcedPlace], tps: Sequence[SourcedTp]) -> list[str]:
+    """The "## Placement" section's body: a table per placement search, then one per PP-vs-TP sweep."""
+    lines = []
+    if places:
+        lines += ["Ring orders: predicted r = 1/(C + T_ring) with T_ring the sum of the one-way latencies along the "
+                  "order (C emulated; for a measured order the run's measured C). A separate head's agent adds one "
+                  "hop after the last stage.", ""]
+    for item in places:
+        lines += _place_rows(item)
+    if tps:
+        lines += ["PP vs TP per token: PP C + T_ring; TP 2 L all-reduces (physics.tp_token_s). TP/PP exact is the "
+                  "ratio of the two predictions, 4L/N Eq. 8's bound.", ""]
+    for item in tps:
+        lines += _tp_rows(item)
+    return lines
+
+
+# ---------------------------------------------------------------- figures
+
+
+def plot_placement(results: Sequence[PlaceResult], path: Path) -> None:
+    """fig5: the predicted rate of each placement as a bar (label and T_ring on the axis), the measured rate as a
+    point on it; a separate head's bar is hatched, right under the order it adds its agent to."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    grouped = [placement_groups(result) for result in results]
+    sizes = [sum(len(group) for group in groups) + BAR_GROUP_GAP * len(groups) for groups in grouped]
+    figure = new_figure((FIGURE_SIZE_IN[0], max(FIGURE_SIZE_IN[1], 1.5 + BAR_HEIGHT_IN * sum(sizes))))
+    for axes, result, groups in zip(figure.subplots(len(results), 1, squeeze=False,
+                                                    gridspec_kw={"height_ratios": sizes})[:, 0],
+                                    results, grouped, strict=True):
+        y, ticks, labels, x_top = 0.0, [], [], 0.0
+        for group in groups:
+            base, colour = group[0], LABEL_COLOURS.get(group[0].label, OTHER_LABEL_COLOUR)
+            for p in group:
+                separate = p.head == "separate"
+                extra = f" (+{(p.t_ring_s - base.t_ring_s) * 1e3:.1f} ms)" if p is not base else ""
+                axes.barh(y, p.predicted_tok_s, height=0.8, color=colour, alpha=0.55 if separate else 0.85,
+                          hatch=SEPARATE_HEAD_HATCH if separate else None, edgecolor="0.25")
+                text = f"{p.predicted_tok_s:.2f}" + ("" if p.measured_tok_s is None else
+                                                     f", measured {p.measured_tok_s:.2f}")
+                text += "" if p.error_pct is None else f" ({p.error_pct:+.1f}%)"
+                end = max(p.predicted_tok_s, p.measured_tok_s or 0.0)
+                axes.annotate(text, xy=(end, y), xytext=(6, 0), textcoords="offset points", va="center",
+                              fontsize="x-small")
+                if p.measured_tok_s is not None:
+                    axes.plot(p.measured_tok_s, y, "o", color="black", markersize=8, zorder=5)
+                ticks.append(y)
+                labels.append(f"{'└ ' if p is not base else ''}{p.label}\nT_ring {p.t_ring_s * 1e3:.1f} ms{extra}")
+                x_top = max(x_top, end)
+                y += 1.0
+            y += BAR_GROUP_GAP
+        axes.set_yticks(ticks, labels, fontsize="small")
+        axes.invert_yaxis()
+        axes.set_xlim(0, x_top * 1.45 or 1.0)
+        axes.set_xlabel("single-stream decode (tok/s)")
+        measured = any(p.measured_tok_s is not None for p in result.placements)
+        axes.set_title(f"{result.scenario}: {_search(result)}" + (f"; measured with {result.shaper}" if measured
+                                                                   else ""), fontsize="medium")
+        axes.grid(True, axis="x", alpha=0.25)
+        heads = {p.head for p in result.placements}
+        handles = [Patch(facecolor="0.7", edgecolor="0.25", label="predicted 1/(C + T_ring), head on the entry")
+                   ] if "entry" in heads else []
+        if "separate" in heads:
+            handles.append(Patch(facecolor="0.7", edgecolor="0.25", alpha=0.55, hatch=SEPARATE_HEAD_HATCH,
+                                 label="predicted, head on its own agent (one more hop)"))
+        if measured:
+            handles.append(Line2D([], [], marker="o", color="black", linestyle="none", label="measured"))
+        axes.legend(handles=handles, loc="lower right", fontsize="x-small")
+    figure.suptitle("Placement: the ring order sets T_ring, and the rate, measured vs predicted")
+    figure.savefig(path, dpi=FIGURE_DPI)
+
+
+def plot_tp(results: Sequence[TpResult], path: Path) -> None:
+    """fig6: per-token latency vs the links' mean one-way latency: PP and TP predicted (lines) and measured
+    (points), and Eq. 8's bound 4 L / N times PP's prediction."""
+    figure = new_figure()
+    axes = figure.add_subplot()
+    several = len(results) > 1
+    for index, result in enumerate(results):
+        pp_colour, tp_colour = TP_COLOURS[index % len(TP_COLOURS)]
+        rows = tp_series(result)
+        x = [row.mean_link_ms for row in rows]
+        name = f"{result.scenario}, " if several else ""
+        how = f"{result.allreduce} all-reduce, N = {result.ranks}, L = {result.layers}"
+        line = {"marker": "_", "markersize": 14}  # a sweep of one scale still shows its lines, as dashes
+        axes.plot(x, [row.pp_predicted_token_ms for row in rows], "-", color=pp_colour, linewidth=2, **line,
+                  label=f"{name}PP predicted C + T_ring")
+        axes.plot(x, [row.pp_token_ms for row in rows], "o", color=pp_colour, markersize=8, linestyle="none",
+                  label=f"{name}PP measured", zorder=5)
+        axes.plot(x, [row.tp_predicted_token_ms for row in rows], "-", color=tp_colour, linewidth=2, **line,
+                  label=f"{name}TP predicted, {how}")
+        axes.plot(x, [row.tp_token_ms for row in rows], "s", color=tp_colour, markersize=8, linestyle="none",
+                  label=f"{name}TP measured, {result.allreduce} all-reduce", zorder=5)
+        bounds = "/".join(f"{b:g}" for b in sorted({round(row.ratio_bound, 2) for row in rows}))
+        axes.plot(x, [row.ratio_bound * row.pp_predicted_token_ms for row in rows], "--", color=tp_colour,
+                  linewidth=1.2, **line, label=f"{name}Eq. 8 bound: 4L/N = {bounds} × PP predicted")
+    axes.set_yscale("log")
+    axes.set_xlim(left=0)
+    axes.set_xlabel("mean link one-way latency (ms)")
+    axes.set_ylabel("per-token latency (ms, log scale)")
+    axes.set_title("PP vs TP on the same links: per-token latency, measured vs predicted")
+    axes.grid(True, which="both", alpha=0.25)
+    axes.legend(loc="best", fontsize="x-small")
+    figure.savefig(path, dpi=FIGURE_DPI)
