@@ -107,13 +107,16 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        extra_slots: int = 0,
     ) -> None:
-        if n_layers < 1 or batch_size < 1:
-            raise ValueError(f"KVCache: expected n_layers >= 1 and batch_size >= 1, got {n_layers}, {batch_size}")
+        if n_layers < 1 or batch_size < 1 or extra_slots < 0:
+            raise ValueError(f"KVCache: expected n_layers >= 1, batch_size >= 1, extra_slots >= 0, got {n_layers}, "
+                             f"{batch_size}, {extra_slots}")
         self.n_layers = n_layers
         self.batch_size = batch_size
-        self.block_size = config.block_size
-        shape = (n_layers, batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+        # slots, not positions: a speculation tree holds its n nodes in n slots at a few positions (tree depth)
+        self.block_size = config.block_size + extra_slots
+        shape = (n_layers, batch_size, config.n_head, self.block_size, config.n_embd // config.n_head)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
         self.length = 0  # positions [0, length) hold valid keys/values in every layer
@@ -127,6 +130,16 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def compact(self, slots: list[int], dst: int) -> None:
+        """Keep a tree's accepted path: the entries at `slots` (ascending, all >= dst) move to dst, dst + 1, ..."""
+        if any(s < dst or s >= self.length for s in slots) or sorted(set(slots)) != list(slots):
+            raise ValueError(f"KVCache.compact: slots {slots} must ascend within {dst}..{self.length - 1}")
+        if slots:
+            src = torch.tensor(slots)
+            self.k[:, :, :, dst:dst + len(slots)] = self.k[:, :, :, src]  # advanced indexing copies first
+            self.v[:, :, :, dst:dst + len(slots)] = self.v[:, :, :, src]
+        self.length = max(self.length, dst + len(slots))
 
 
 class GPT(nn.Module):
@@ -171,8 +184,12 @@ class GPT(nn.Module):
         pos_emb = self.transformer.wpe.weight[start_pos : start_pos + T]  # [T, C], a view: no arange per step
         return tok_emb + pos_emb  # [B, T, C]
 
-    def run_layers(self, x: torch.Tensor, first: int, last: int, cache: KVCache | None = None) -> torch.Tensor:
-        """Run blocks[first:last] on x [B, T, C] -> [B, T, C]; with a cache, x is appended after its past."""
+    def run_layers(self, x: torch.Tensor, first: int, last: int, cache: KVCache | None = None,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run blocks[first:last] on x [B, T, C] -> [B, T, C]; with a cache, x is appended after its past.
+
+        `mask` ([T, past + T] bool, True = may attend) replaces the causal one: a speculation tree's nodes see
+        the past and their own ancestors only (tree_mask)."""
         if not 0 <= first <= last <= self.config.n_layer:
             raise ValueError(f"GPT.run_layers: expected 0 <= first <= last <= {self.config.n_layer}, got {first}, {last}")
         blocks = self.transformer.h[first:last]
@@ -188,8 +205,9 @@ class GPT(nn.Module):
         start = cache.length
         if start + T > cache.block_size:
             raise ValueError(f"GPT.run_layers: {start} cached + {T} new positions exceed block_size {cache.block_size}")
-        mask = None
-        if T > 1 and start > 0:
+        if mask is not None and tuple(mask.shape) != (T, start + T):
+            raise ValueError(f"GPT.run_layers: mask {tuple(mask.shape)} does not fit {T} new after {start} cached")
+        if mask is None and T > 1 and start > 0:
             # New token t sits at position start+t and may see keys 0..start+t.
             mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)  # [T, start+T]
         for i, block in enumerate(blocks):
@@ -257,3 +275,15 @@ def encode(text: str) -> list[int]:
 def decode(ids: list[int]) -> str:
     # A byte-level model can stop mid-character; replace rather than fail on a partial sequence.
     return bytes(ids).decode("utf-8", errors="replace")
+
+
+def tree_mask(parents: list[int], past: int) -> torch.Tensor:
+    """[T, past + T] attention mask of a token tree appended after `past` cached entries: node i (parents[i] < i,
+    the root's -1) sees the whole past, itself and its ancestors."""
+    t = len(parents)
+    tree = torch.eye(t, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            tree[i] |= tree[parent]
+    return torch.cat([torch.ones(t, past, dtype=torch.bool), tree], dim=1)
+

@@ -61,6 +61,7 @@ class RingClient:
         self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES + streams)
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
+        self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
 
     def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
         """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
@@ -203,6 +204,11 @@ class RingClient:
             items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
             for group in _batches(items):
                 frame, recv = group[0]
+                if frame.kind == wire.Kind.TREE:  # the next block of this stream is a token tree
+                    self.stage.set_tree(frame.tensor, frame.pos, frame.stream)
+                    if self.next_stage != 0:
+                        self.tree_ahead[frame.stream] = wire.encode(dataclasses.replace(frame, stamps=()))
+                    continue
                 if frame.kind in (wire.Kind.SHUTDOWN, wire.Kind.PROBE):
                     await self.send(self.pass_through(frame, recv))
                     if frame.kind == wire.Kind.SHUTDOWN:
@@ -213,7 +219,7 @@ class RingClient:
                     hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
-                    kv = self.kv_frame(frame.pos, n_tok, frame.stream)
+                    kv = self.tree_ahead.pop(frame.stream, b"") + self.kv_frame(frame.pos, n_tok, frame.stream)
                     await self.clock.sleep_until(start + max(self.cost_s(n_tok), self.dilation * (real_end - start)))
                     await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
                                                  extra_bytes=len(kv)), kv=kv)
@@ -241,20 +247,24 @@ class RingClient:
             self.report_event("probe", {"record": LapRecord(i, "probe", self.mode, 0, 0, t, recv, frame.stamps,
                                                             recv).to_dict()})
 
-    async def lap(self, ids: list[int], pos: int, kind: str, decide: Callable[[torch.Tensor], Any]
-                  ) -> tuple[Any, LapRecord]:
+    async def lap(self, ids: list[int], pos: int, kind: str, decide: Callable[[torch.Tensor], Any],
+                  tree: np.ndarray | None = None, positions: list[int] | None = None) -> tuple[Any, LapRecord]:
         """One traversal for a block of tokens at positions pos..; `decide(logits)` runs in the head.
 
         Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before
-        `report`). Entry compute (front + head) is padded to compute_ms.
+        `report`). Entry compute (front + head) is padded to compute_ms. A token tree (agents.modes.tree) gives
+        its plan (PipelineStage.set_tree) and its nodes' positions; the plan travels ahead of the block.
         """
         lap_no, self.lap_no = self.lap_no, self.lap_no + 1
         start = self.clock.now()
-        hidden = self.stage.embed_and_run(ids, pos)
+        if tree is not None:
+            self.stage.set_tree(tree, pos)
+        hidden = self.stage.embed_and_run(ids, pos, positions=positions)
         front_real_end = self.clock.now()
         if self.n_stages > 1:
             frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
-            kv = self.kv_frame(pos, len(ids))
+            kv = (wire.encode(wire.Frame(wire.Kind.TREE, pos=pos, tensor=tree)) if tree is not None else b""
+                  ) + self.kv_frame(pos, len(ids))
             await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
                                          extra_bytes=len(kv)), kv=kv)
             back, return_recv = await self.receive()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agents.model import GPT, KVCache
+from agents.model import GPT, KVCache, tree_mask
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,13 @@ class PipelineStage:
 
     MAX_STREAMS = 1024  # KV caches one stage keeps (a frame's stream id is checked against it)
 
-    def __init__(self, model: GPT, plan: StagePlan, batch_size: int = 1) -> None:
+    def __init__(self, model: GPT, plan: StagePlan, batch_size: int = 1, tree_slots: int = 0) -> None:
         self.model = model
         self.plan = plan
         self.batch_size = batch_size
+        self.tree_slots = tree_slots  # tree speculation: cache slots beyond the positions, for a tree's nodes
         self.caches: dict[int, KVCache] = {}
+        self.trees: dict[int, list[int]] = {}  # stream -> the parents of the tree its next block is
         if plan.last_layer > plan.first_layer:  # a separate head's agent (agents.head) runs no layers
             self.cache_for(0)
 
@@ -48,7 +50,7 @@ class PipelineStage:
             if not 0 <= stream < self.MAX_STREAMS:
                 raise ValueError(f"stream id {stream} is outside 0..{self.MAX_STREAMS - 1}")
             cache = self.caches[stream] = KVCache(self.model.config, self.plan.last_layer - self.plan.first_layer,
-                                                  self.batch_size)
+                                                  self.batch_size, extra_slots=self.tree_slots)
         return cache
 
     def _rewind(self, pos: int, stream: int = 0) -> KVCache:
@@ -59,12 +61,35 @@ class PipelineStage:
         cache.truncate(pos)
         return cache
 
+    def set_tree(self, plan: np.ndarray, pos: int, stream: int = 0) -> None:
+        """A TREE frame (tree speculation): keep the previous tree's accepted path, then treat the stream's next
+        block (at slot pos) as a token tree. plan = int32 [a, a accepted slots, parents of the next block's nodes];
+        the accepted entries move to pos - a .. pos - 1 (right after the previous root, which stays at pos - a - 1)."""
+        if plan.ndim != 1 or plan.size < 2 or not 0 <= int(plan[0]) <= plan.size - 2:
+            raise ValueError(f"a tree plan is [a, a slots, parents...], got {plan.tolist()[:8]}...")
+        a = int(plan[0])
+        slots, parents = [int(s) for s in plan[1:1 + a]], [int(p) for p in plan[1 + a:]]
+        if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError("a tree's first node is its root (parent -1) and every other node's parent comes before it")
+        if a:
+            self.cache_for(stream).compact(slots, pos - a)
+        self.trees[stream] = parents
+
+    def _tree_mask(self, stream: int, pos: int, n_tok: int) -> torch.Tensor | None:
+        parents = self.trees.pop(stream, None)
+        if parents is None:
+            return None
+        if len(parents) != n_tok:
+            raise ValueError(f"a tree of {len(parents)} nodes but a block of {n_tok} tokens")
+        return tree_mask(parents, pos)
+
     @torch.inference_mode()
     def run(self, hidden: np.ndarray, pos: int, stream: int = 0) -> np.ndarray:
         """Middle/last stage: hidden [B, T, C] float32 at positions pos.. -> hidden [B, T, C]."""
         cache = self._rewind(pos, stream)
         x = torch.from_numpy(hidden)  # [B, T, C]
-        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache)
+        mask = self._tree_mask(stream, pos, x.shape[1])
+        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask)
         return x.numpy()
 
     @torch.inference_mode()
@@ -76,12 +101,16 @@ class PipelineStage:
         return [row[None] for row in x.numpy()]
 
     @torch.inference_mode()
-    def embed_and_run(self, ids: list[int], pos: int, stream: int = 0) -> np.ndarray:
-        """Entry stage, first half of a lap: token ids at positions pos.. -> hidden [1, T, C]."""
+    def embed_and_run(self, ids: list[int], pos: int, stream: int = 0, positions: list[int] | None = None) -> np.ndarray:
+        """Entry stage, first half of a lap: token ids at slots pos.. -> hidden [1, T, C]. The positions are
+        pos.., or `positions` (a tree's nodes: pos + depth), with the tree set by set_tree."""
         cache = self._rewind(pos, stream)
-        idx = torch.tensor([ids], dtype=torch.long)  # [1, T]
-        x = self.model.embed(idx, pos)  # [1, T, C]
-        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache)
+        if positions is None:
+            x = self.model.embed(torch.tensor([ids], dtype=torch.long), pos)  # [1, T, C]
+        else:
+            x = self.model.embed_at(ids, positions).transpose(0, 1)  # [1, T, C]
+        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache,
+                                  self._tree_mask(stream, pos, len(ids)))
         return x.numpy()
 
     @torch.inference_mode()

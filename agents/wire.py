@@ -52,6 +52,7 @@ class Kind(enum.IntEnum):
     KV = 4  # a stage's new K and V entries, shipped to its successor (placement.kv = "ship"); read and dropped
     TOKEN = 5  # sampled token ids (int32), from a separate head's agent to the entry (placement.head = "separate")
     REDUCE = 6  # one message of a tensor-parallel all-reduce (agents.tp): lap = collective, pos = step, stream = chunk
+    TREE = 7  # tree speculation: int32 [a, a accepted slots, parents] for the next HIDDEN block (PipelineStage.set_tree)
 
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)

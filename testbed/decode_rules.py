@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MODES, DecodeConfig
+from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, MODES, TREE_POLICIES, DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.validate import number as _number
 from testbed.validate import string as _string
@@ -31,6 +31,10 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "draft_ms": ("number", (0.0, 60_000.0), True),
     "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
     "rounds_per_k": ("int", (1, 100_000), False),
+    "tree_n": ("int", (1, MAX_TREE), False),
+    "tree_k": ("int", (1, 64), False),
+    "tree_depth": ("int", (1, 64), False),
+    "tree_policy": ("choice", TREE_POLICIES, False),
 }
 
 

@@ -13,7 +13,7 @@ from testbed.core.decode import MODES
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
 
-DECODE_KINDS = ("decode", "spec")  # laps that produce decode tokens (prefill and probes do not)
+DECODE_KINDS = ("decode", "spec", "tree")  # laps that produce decode tokens (prefill and probes do not)
 RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
 MAX_HISTORY_POINTS = 2000
 QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps

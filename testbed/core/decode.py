@@ -8,6 +8,8 @@ from testbed.core.records import JsonRecord
 
 K_MAX_BOUND = 64  # the largest draft length any setting may ask for
 DRAFT_KINDS = ("trained", "calibrated")
+TREE_POLICIES = ("best-first", "topk")
+MAX_TREE = 256  # nodes a tree may have (the stages keep this many cache slots beyond the positions)
 BATCHING = ("none", "continuous")
 MAX_STREAMS = 256
 
@@ -32,6 +34,10 @@ class DecodeConfig(JsonRecord):
     draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
     k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
     rounds_per_k: int = 30
+    tree_n: int = 16  # tree speculation: nodes drafted per round (agents.modes.tree)
+    tree_k: int = 4  # candidates per expanded node, and nodes added per best-first step
+    tree_depth: int = 8  # deepest node
+    tree_policy: str = "best-first"  # or "topk" (a fixed shape)
 
 
 CODECS = ("f32", "f16", "int8-block")
@@ -99,6 +105,8 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              summarizer="testbed.spec_summary:summarize_spec"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
              summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
+    ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.tree_summary:summarize_tree",
+             summary_field="tree"),
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.tp_summary:summarize_tp",
              summary_field="tp", every_agent=True),
 )}

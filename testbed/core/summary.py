@@ -147,6 +147,30 @@ class StreamsSummary(JsonRecord):
 
 
 @dataclass(frozen=True)
+class TreeSummary(JsonRecord):
+    """Tree speculation (agents.modes.tree): tokens per lap L(n) and the lap T_lap(n), next to physics.tree_rate."""
+
+    policy: str
+    n: float  # nodes drafted per round (mean: a depth cap can leave a tree short)
+    rounds: int
+    tokens_per_round: float  # L(n): accepted nodes + the one the target adds
+    lap_ms: float  # a round: drafting + the verify lap
+    draft_ms: float
+    compute_ms: float  # the stages' forward passes over the n + 1 nodes, and the head
+    ring_ms: float  # measured: every hop, serialization included
+    serialization_ms: float  # predicted: each hop's bytes at its rate
+    bytes_per_hop: float
+    depth_mean: float
+    measured_tok_s: float
+    predicted_tok_s: float  # tree_rate(L measured, configured links and rates, measured compute + draft)
+    error_pct: float
+
+    @property
+    def headline(self) -> tuple[float, float, float]:
+        return self.measured_tok_s, self.predicted_tok_s, self.error_pct
+
+
+@dataclass(frozen=True)
 class TpSummary(JsonRecord):
     """Tensor parallelism over the links (agents.tp): per-token latency next to physics.tp_token_s, and what PP
     would take on the same links (seed 000, Eq. 8)."""
@@ -221,6 +245,7 @@ class RunSummary(JsonRecord):
     spec: SpecSummary | None = None
     streams: StreamsSummary | None = None
     tp: TpSummary | None = None
+    tree: TreeSummary | None = None
     history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
     metrics_url: str | None = None
     text: str = ""
