@@ -56,6 +56,7 @@ class AgentSpec(JsonRecord):
     wire: WireConfig = WireConfig()  # the hidden states' codec on every link
     kv_ship: bool = False  # placement.kv = "ship": send each step's new K and V to the successor too
     is_head: bool = False  # placement.head = "separate": this agent is the LM head after the last stage
+    head_on_last: bool = False  # placement.head = "last": this last stage also samples and returns the token id
     tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
 
 
@@ -104,6 +105,8 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
                       kv_ship=spec.kv_ship, tp=spec.tp)
+    if spec.head_on_last:
+        ring.head_sample = resolve(spec.runner)(spec.decode, ring).sample
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 

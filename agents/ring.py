@@ -62,6 +62,7 @@ class RingClient:
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
+        self.head_sample: Callable[[torch.Tensor], int] | None = None  # placement.head = "last": this stage samples
 
     def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
         """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
@@ -217,6 +218,10 @@ class RingClient:
                 if len(group) == 1:
                     start = self.clock.now()
                     hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
+                    if self.head_sample is not None:  # only the token id goes back (none for an early prefill chunk)
+                        hidden = np.array([] if frame.flags & wire.NO_SAMPLE else
+                                          [self.head_sample(self.stage.logits(hidden))], np.int32)
+                        frame = dataclasses.replace(frame, kind=wire.Kind.TOKEN)
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
                     kv = self.tree_ahead.pop(frame.stream, b"") + self.kv_frame(frame.pos, n_tok, frame.stream)

@@ -217,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--alpha", help="calibrated-draft acceptance rates to sweep, e.g. 0.6,0.7,0.8,0.9")
     sweep.add_argument("--rounds", type=int, default=30, help="rounds at each K (default 30)")
     sweep.add_argument("--json", help="write all results here")
+    sweep.add_argument("--tree-n", metavar="N,N,...", help="tree speculation instead: nodes per round to sweep, e.g. "
+                                                           "1,4,16,64,256 (writes results/tree-SCENARIO.json)")
+    sweep.add_argument("--rates", default="0,10", help="--tree-n: link rates in Mbit/s (default 0,10; 0 = unlimited)")
+    sweep.add_argument("--codecs", default="f32", help="--tree-n: wire codecs, e.g. f32,int8-block (default f32)")
+    sweep.add_argument("--tree-k", type=int, default=8, help="--tree-n: candidates per node (default 8)")
     sweep.set_defaults(func=lambda a, c: __import__("testbed.sweep", fromlist=["main"]).main(a, c))
 
     regimes = sub.add_parser("regimes", help="seed 000's regime map on one ring: TTFT vs prompt and link rate, "

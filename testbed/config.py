@@ -302,8 +302,11 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(wire_raw, _WIRE_KEYS, source, "wire")
     wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
                       block=_number(wire_raw, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True))
-    if placement.head == "separate" and decode.mode != "plain":
-        raise ConfigError(f"a separate head samples one token a lap: it runs plain decode, not {decode.mode!r} "
+    if placement.head == "last" and len(stages) < 2:
+        raise ConfigError("the head on the last stage needs a ring of at least two stages (one stage is the entry)",
+                          source=source, key="placement.head")
+    if placement.head != "entry" and decode.mode != "plain":
+        raise ConfigError(f"a head off the entry samples one token a lap: it runs plain decode, not {decode.mode!r} "
                           f"(speculation verifies its drafts in the head, several streams batch there)",
                           source=source, key="placement.head")
     parallel = _string(raw, "parallel", "pp", source, "", PARALLEL)

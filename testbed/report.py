@@ -1,5 +1,5 @@
 """`testbed report`: figures and markdown tables of measured vs predicted from JSON run summaries, regime maps,
-placement searches and PP-vs-TP sweeps."""
+placement searches, PP-vs-TP sweeps, tree sweeps and codec tables."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from testbed.figures import plot_spec, plot_streams, plot_ttft, plot_wall
 from testbed.placement_figures import (SourcedPlace, SourcedTp, parse_place, parse_tp, placement_markdown,
                                        plot_placement, plot_tp)
 from testbed.regimes import KINDS, RegimeRow, RegimesResult
+from testbed.tree_figures import SourcedCodec, SourcedTree, parse_codec, parse_tree, plot_tree, tree_markdown
 
 DEFAULT_OUT_DIR: Final = "out/report"
 WALL_FIGURE: Final = "fig1_wall.png"
@@ -27,6 +28,7 @@ STREAMS_FIGURE: Final = "fig3_streams.png"
 TTFT_FIGURE: Final = "fig4_ttft.png"
 PLACEMENT_FIGURE: Final = "fig5_placement.png"
 TP_FIGURE: Final = "fig6_tp.png"
+TREE_FIGURE: Final = "fig7_tree.png"
 REPORT_MD: Final = "report.md"
 DASH: Final = "–"
 
@@ -82,12 +84,14 @@ class SourcedRegimes:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything a report reads: run summaries, regime maps, placement searches, PP-vs-TP sweeps, in given order."""
+    """Everything a report reads, in given order: runs, regime maps, placements, PP-vs-TP, tree sweeps, codec rows."""
 
     runs: list[SourcedSummary]
     regimes: list[SourcedRegimes]
     placements: list[SourcedPlace]
     tp: list[SourcedTp]
+    trees: list[SourcedTree]
+    codecs: list[SourcedCodec]
 
 
 # ---------------------------------------------------------------- loading and validation
@@ -163,17 +167,17 @@ def parse_regimes(data: dict, source: str) -> SourcedRegimes:
     return SourcedRegimes(source, result)
 
 
+# (the key that tells a JSON object apart, the Inputs list it joins, its parser), the first key found winning.
+PARSERS: Final = (("rows", "regimes", parse_regimes), ("placements", "placements", parse_place),
+                  ("tp_rows", "tp", parse_tp), ("tree_rows", "trees", parse_tree),
+                  ("greedy_agreement", "codecs", parse_codec))
+
+
 def _parse(data: Any, source: str, inputs: Inputs) -> None:
-    """One JSON object into `inputs`, told apart by its keys: a regime map has "rows", a placement search
-    "placements", a PP-vs-TP sweep "tp_rows"; anything else must be a run summary."""
-    if isinstance(data, dict) and "rows" in data:
-        inputs.regimes.append(parse_regimes(data, source))
-    elif isinstance(data, dict) and "placements" in data:
-        inputs.placements.append(parse_place(data, source))
-    elif isinstance(data, dict) and "tp_rows" in data:
-        inputs.tp.append(parse_tp(data, source))
-    else:
-        inputs.runs.append(parse_summary(data, source))
+    """One JSON object into `inputs`, told apart by PARSERS' keys; anything else must be a run summary."""
+    kind, parse = next(((kind, parse) for key, kind, parse in PARSERS if isinstance(data, dict) and key in data),
+                       ("runs", parse_summary))
+    getattr(inputs, kind).append(parse(data, source))
 
 
 def _json_files(path: Path) -> list[Path]:
@@ -188,9 +192,9 @@ def _json_files(path: Path) -> list[Path]:
 
 
 def load_inputs(paths: Iterable[str | Path]) -> Inputs:
-    """Every run summary, regime map, placement search and PP-vs-TP sweep in `paths` (files holding one object or
-    a list, e.g. a sweep, or directories of them)."""
-    loaded = Inputs([], [], [], [])
+    """Every run summary, regime map, placement search, PP-vs-TP sweep, tree sweep and codec row in `paths` (files
+    holding one object or a list, e.g. a sweep or a codec table, or directories of them)."""
+    loaded = Inputs([], [], [], [], [], [])
     for path in paths:
         for file in _json_files(Path(path)):
             try:
@@ -206,7 +210,7 @@ def load_inputs(paths: Iterable[str | Path]) -> Inputs:
                     _parse(item, f"{file}[{i}]", loaded)
             else:
                 _parse(data, str(file), loaded)
-    if not (loaded.runs or loaded.regimes or loaded.placements or loaded.tp):
+    if not any(vars(loaded).values()):
         raise ConfigError("no run summaries or results given")
     return loaded
 
@@ -291,17 +295,17 @@ def _regime_rows(maps: Sequence[SourcedRegimes]) -> list[str]:
 
 def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
     """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep, every
-    point of every regime map, and every placement and PP-vs-TP point."""
+    point of every regime map, every placement, PP-vs-TP and tree-sweep point, and every codec row."""
     runs = inputs.runs
     lines = [
         "# geo-ring report",
         "",
         f"{len(runs)} run summaries, {len(inputs.regimes)} regime maps, {len(inputs.placements)} placement "
-        f"searches, {len(inputs.tp)} PP-vs-TP sweeps. Predicted = each run's own prediction: "
-        "r = 1/(C + T_ring) with the configured T_ring and the measured C; for speculation "
-        "r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and draft time (Γ predicted = Γ(α̂, K) from the "
-        "measured acceptance α̂); for M streams physics.streams_rates; for TTFT C_prefill + T_ring + the "
-        "prompt's serialization. Error = (measured - predicted) / predicted.",
+        f"searches, {len(inputs.tp)} PP-vs-TP sweeps, {len(inputs.trees)} tree sweeps, {len(inputs.codecs)} "
+        "codec rows. Predicted = each run's own prediction: r = 1/(C + T_ring) with the configured T_ring and the "
+        "measured C; for speculation r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and draft time (Γ "
+        "predicted = Γ(α̂, K) from the measured acceptance α̂); for M streams physics.streams_rates; for TTFT "
+        "C_prefill + T_ring + the prompt's serialization. Error = (measured - predicted) / predicted.",
         "",
         *(f"![{Path(name).stem}]({name})" for name in figures),
     ]
@@ -317,6 +321,7 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
         lines += ["", "## Regimes", "", *_regime_rows(inputs.regimes)]
     if inputs.placements or inputs.tp:
         lines += ["", "## Placement", "", *placement_markdown(inputs.placements, inputs.tp)]
+    lines += tree_markdown(inputs.trees, inputs.codecs)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -326,11 +331,11 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="testbed report",
-        description="Figures (fig1_wall.png .. fig6_tp.png) and report.md of measured vs predicted from run "
-                    "summaries, regime maps, placement searches and PP-vs-TP sweeps.")
+        description="Figures (fig1_wall.png .. fig7_tree.png) and report.md of measured vs predicted from run "
+                    "summaries, regime maps, placement searches, PP-vs-TP and tree sweeps, codec tables.")
     parser.add_argument("results", nargs="+", metavar="RESULTS",
-                        help="JSON run summaries or `testbed regimes`, `place --json` or `tp --json` results (one "
-                             "object or a list per file) or directories of *.json")
+                        help="JSON run summaries or `testbed regimes`, `place`, `tp`, `sweep --tree-n` or `codecs` "
+                             "--json results (one object or a list per file) or directories of *.json")
     parser.add_argument("--out", default=DEFAULT_OUT_DIR, metavar="DIR",
                         help=f"output directory (default: {DEFAULT_OUT_DIR})")
     return parser
@@ -347,7 +352,8 @@ def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
              (STREAMS_FIGURE, plot_streams, results, any(row.regime == "streams" for row in rows)),
              (TTFT_FIGURE, plot_ttft, results, any(row.regime == "ttft" for row in rows)),
              (PLACEMENT_FIGURE, plot_placement, [item.result for item in inputs.placements], bool(inputs.placements)),
-             (TP_FIGURE, plot_tp, [item.result for item in inputs.tp], bool(inputs.tp)))
+             (TP_FIGURE, plot_tp, [item.result for item in inputs.tp], bool(inputs.tp)),
+             (TREE_FIGURE, plot_tree, [item.result for item in inputs.trees], bool(inputs.trees)))
     written: list[Path] = []
     for name, plot, data, needed in plans:
         if needed:
@@ -363,14 +369,12 @@ def main(argv: list[str]) -> int:
 
         python -m testbed report results/ more.json --out out/report
 
-    writes `fig1_wall.png` (the wall, seed 000 Figure 1, with the measured points), `fig2_spec.png` (r_spec
-    vs K per alpha, seed 000 Figure 2, only when speculative runs are present) and `report.md`. A regime map
-    (`testbed regimes` JSON, told apart by its "rows") adds `fig3_streams.png` (aggregate and per-stream rate
-    vs M per batching policy) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate). A placement search
-    (`testbed place --json`, told apart by "placements") adds `fig5_placement.png` (predicted rate per ring order,
-    measured on it) and a PP-vs-TP sweep (`testbed tp --json`, "tp_rows") `fig6_tp.png` (per-token latency vs
-    link latency, with Eq. 8's bound), both tabled under "## Placement". Every "predicted" figure is the run's
-    own, as its summarizer wrote it into the RunSummary, RegimeRow, Placement or TpRow.
+    writes `report.md` and, from run summaries, `fig1_wall.png` (seed 000 Figure 1, the runs on it) and
+    `fig2_spec.png` (r_spec vs K per alpha, Figure 2, for speculative runs); from a regime map ("rows")
+    `fig3_streams.png` (rate vs M per batching) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate); from
+    `place --json` ("placements") `fig5_placement.png`; from `tp --json` ("tp_rows") `fig6_tp.png` (per-token
+    latency vs link latency, Eq. 8's bound); from `sweep --tree-n --json` ("tree_rows") `fig7_tree.png` (L(n), its
+    fit, tok/s vs n, W*); `codecs --json` rows ("greedy_agreement") are tabled. "Predicted" is each run's own.
     """
     parser = build_parser()
     try:

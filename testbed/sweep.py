@@ -75,6 +75,10 @@ def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
+    if getattr(args, "tree_n", None):
+        from testbed import tree_sweep
+
+        return tree_sweep.main(args, console)
     ks = parse_k_range(args.k)
     if args.rounds < 1:
         raise ConfigError(f"expected --rounds >= 1, got {args.rounds}", key="--rounds")

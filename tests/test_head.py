@@ -79,3 +79,37 @@ def test_a_separate_head_costs_one_more_hop():
     predicted_ms = 1e3 / separate.predicted_tok_s - 1e3 / entry.predicted_tok_s
     assert predicted_ms == pytest.approx(HEAD_HOPS_MS[-1] + HEAD_MS, abs=1.0)  # measured head compute ~ HEAD_MS
     assert extra_ms == pytest.approx(predicted_ms, abs=(HOP_OVERHEAD_BUDGET_MS + LAP_RESIDUAL_BUDGET_MS) / DILATION)
+
+
+def last_scenario(head: str):
+    return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": 10.0} for i in range(3)],
+                               "network": {"hops_ms": HOPS_MS, "rate_mbit": 10.0},
+                               "decode": {"tokens": 8, "temperature": 0.0, "prompt_tokens": 128},
+                               "placement": {"head": head}}, "<test>")
+
+
+def test_the_head_on_the_last_stage_keeps_n_hops():
+    sc = last_scenario("last")
+    assert sc.n_stages == 3 and len(sc.ring) == 3
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict({"stages": [{"name": "a"}], "placement": {"head": "last"}}, "<test>")
+    assert info.value.key == "placement.head"
+
+
+@pytest.mark.slow
+def test_returning_the_token_id_instead_of_the_hidden_state():
+    """At 10 Mbit/s the return hop carries the 128-token prompt's hidden state (65 kB, 52 ms) when the entry holds
+    the head, and one token id when the last stage does: TTFT and every lap shrink by that serialization."""
+    entry, last = run(last_scenario("entry"), dilation=DILATION), run(last_scenario("last"), dilation=DILATION)
+    assert last.token_ids == entry.token_ids
+    hidden_hop, id_hop = entry.per_hop[-1].bytes_per_lap, last.per_hop[-1].bytes_per_lap
+    assert hidden_hop - id_hop == 128 * 4 - 4  # a decode lap: one 128-float hidden state against one int32 id
+    assert entry.ttft.bytes_per_hop > last.ttft.bytes_per_hop
+    for summary in (entry, last):  # each TTFT against C + T_ring + its own hops' bytes at 10 Mbit/s
+        t = summary.ttft
+        tolerance = (3 * HOP_OVERHEAD_BUDGET_MS + LAP_RESIDUAL_BUDGET_MS) / (t.predicted_s * 1e3 * DILATION)
+        assert t.measured_s == pytest.approx(t.predicted_s, rel=tolerance)
+    saved = entry.ttft.serialization_s - last.ttft.serialization_s
+    assert saved == pytest.approx(128 * 128 * 4 * 8 / 10e6, rel=0.05)  # the prompt's hidden state on one hop
+    assert entry.ttft.measured_s - last.ttft.measured_s == pytest.approx(
+        saved, abs=(HOP_OVERHEAD_BUDGET_MS + LAP_RESIDUAL_BUDGET_MS) / DILATION / 1e3)

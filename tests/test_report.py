@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -12,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed import figures, placement_figures, report
+from testbed import figures, placement_figures, report, tree_figures
+from testbed.codecs import CodecRow
+from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
 from testbed.parallel import TpResult, TpRow
 from testbed.place import Placement, PlaceResult
+from testbed.tree_sweep import TreeFit, TreeRow, TreeSweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent
@@ -364,8 +368,8 @@ def changed(data: dict, rows: str, index: int, **changes) -> dict:
 
 
 @pytest.mark.parametrize(("content", "expected"), [
-    (changed(PLACE_DICT, "placements", 3, head="side"), "placements[3].head: expected one of entry, separate, "
-                                                        "got 'side'"),
+    (changed(PLACE_DICT, "placements", 3, head="side"),
+     f"placements[3].head: expected one of {', '.join(HEAD_PLACEMENTS)}, got 'side'"),
     (changed(PLACE_DICT, "placements", 1, predicted_tok_s="fast"),
      "placements[1].predicted_tok_s: expected a finite number, got 'fast'"),
     (changed(PLACE_DICT, "placements", 2, t_ring_s=None), "placements[2].t_ring_s: expected a number, got null"),
@@ -392,5 +396,154 @@ def test_bad_place_or_tp_input_exits_2_naming_file_and_field(tmp_path, capsys, c
     assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: " in err and expected in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+# ---------------------------------------------------------------- tree sweeps (`sweep --tree-n`) and codec tables
+
+TREE_NS = (1, 4, 16, 64)
+
+
+def tree_result() -> TreeSweep:
+    """What `sweep small --tree-n 1,4,16,64 --rates 0,10 --json F` writes: f32 at two link rates, and their fits."""
+    def row(rate, n, tokens, ring_ms, measured):
+        lap = 12.0 + ring_ms
+        predicted = 1e3 * tokens / lap
+        return TreeRow("f32", rate, float(n), 6, tokens, lap, 4.0, 8.0, ring_ms, ring_ms - 80.0, 1052.0 * (n + 1),
+                       measured, predicted, 100 * (measured / predicted - 1))
+
+    unlimited = [row(0.0, n, 1.6 + 0.5 * math.log(n), 80.0, 1e3 * (1.6 + 0.5 * math.log(n)) / 95.0)
+                 for n in TREE_NS]
+    slow = [row(10.0, n, 1.6 + 0.5 * math.log(n), 80.0 + 3.4 * (n + 1), 1e3 * (1.6 + 0.5 * math.log(n)) /
+                (95.0 + 3.4 * (n + 1))) for n in TREE_NS]
+    fits = (TreeFit("f32", 0.0, 1.6, 0.5, 64.0, 64.0, None, None),
+            TreeFit("f32", 10.0, 1.58, 0.51, 16.0, 4.0, 23.5, 31.2))
+    return TreeSweep("small", "userspace", 0.080, "best-first", (*unlimited, *slow), fits)
+
+
+def codec_rows() -> list[CodecRow]:
+    """What `codecs small --measure --json F` writes, the last row without a TTFT run."""
+    return [CodecRow("f32", 64, 1052, 131_100, 1.0, 21.0, 9.0, 1.0, 0.0, 0.7131, 0.5123, 0.4987, 131_100),
+            CodecRow("f16", 64, 540, 65_564, 0.5001, 35.0, 30.0, 0.9991, 2.1e-6, 0.7130, 0.3012, 0.2950, 65_564),
+            CodecRow("int8-block", 64, 300, 34_844, 0.2658, 140.0, 95.0, 0.9874, 3.4e-4, 0.7102, 0.1987, 0.1902,
+                     34_844),
+            CodecRow("int8-block", 16, 348, 41_000, 0.3127, 150.0, 99.0, 0.9930, 1.2e-4, 0.7119)]
+
+
+TREE_DICT, CODEC_DICTS = tree_result().to_dict(), [row.to_dict() for row in codec_rows()]
+
+
+def test_report_from_tree_and_codec_results_draws_fig7_and_tables_every_row(tmp_path):
+    tree_file, codec_file = write(tmp_path / "tree.json", TREE_DICT), write(tmp_path / "codecs.json", CODEC_DICTS)
+    out = tmp_path / "out"
+    assert report.main([str(tree_file), str(codec_file), "--out", str(out)]) == 0
+
+    assert_png(out / "fig7_tree.png")
+    assert sorted(path.name for path in out.glob("*.png")) == ["fig7_tree.png"]
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "![fig7_tree](fig7_tree.png)" in markdown
+    assert "0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows." in markdown
+    assert markdown.index("## Tree speculation") < markdown.index("## Wire codecs")
+    section = markdown.split("## Tree speculation")[1].split("## Wire codecs")[0]
+    assert "tree.json: small, best-first policy, T_ring 80.0 ms, shaper userspace." in section
+    table = [line for line in section.splitlines() if line.startswith(f"| {tree_file} |")]
+    assert len(table) == len(TREE_DICT["tree_rows"])
+    for line, row in zip(table, tree_result().tree_rows, strict=True):
+        rate = f"{row.rate_mbit:g}" if row.rate_mbit else "unlimited"
+        assert line == cells(str(tree_file), "f32", rate, f"{row.n:g}", f"{row.tokens_per_round:.2f}",
+                             f"{row.lap_ms:.1f}", f"{row.bytes_per_hop:.0f}", f"{row.measured_tok_s:.2f}",
+                             f"{row.predicted_tok_s:.2f}", f"{row.error_pct:+.1f}")
+    assert "- f32, unlimited: L(n) = 1.60 + 0.50 ln n; best n measured 64, predicted 64\n" in section
+    assert ("- f32, 10 Mbit/s: L(n) = 1.58 + 0.51 ln n; best n measured 16, predicted 4; W* predicted 24, "
+            "measured 31\n\n## Wire codecs") in markdown
+    codecs = [line for line in markdown.split("## Wire codecs")[1].splitlines() if line.startswith(f"| {codec_file}")]
+    assert [line.split(" | ")[0:2] for line in codecs] == [[f"| {codec_file}[{i}]", label] for i, label in
+                                                            enumerate(("f32", "f16", "int8-block (block 64)",
+                                                                       "int8-block (block 16)"))]
+    assert codecs[2] == cells(f"{codec_file}[2]", "int8-block (block 64)", "300", "34844", "0.266", "140", "95",
+                              "0.9874", "3.40e-04", "0.7102", "198.7 / 190.2")
+    assert codecs[3].endswith("| 0.9930 | 1.20e-04 | 0.7119 | – |"), codecs[3]
+
+
+def test_tree_sweeps_codec_rows_and_run_summaries_in_one_list_report_together(tmp_path):
+    mixed = write(tmp_path / "mixed.json", [CODEC_DICTS[0], PLAIN_DICT, TREE_DICT, CODEC_DICTS[3]])
+    inputs = report.load_inputs([mixed])
+    assert [item.source for item in inputs.codecs] == [f"{mixed}[0]", f"{mixed}[3]"]
+    assert [item.row for item in inputs.codecs] == [codec_rows()[0], codec_rows()[3]]
+    assert [item.source for item in inputs.trees] == [f"{mixed}[2]"] and inputs.trees[0].result == tree_result()
+    assert [item.source for item in inputs.runs] == [f"{mixed}[1]"]
+    out = tmp_path / "out"
+    assert report.main([str(mixed), "--out", str(out)]) == 0
+    for name in ("fig1_wall.png", "fig7_tree.png"):
+        assert_png(out / name)
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert markdown.index("## Measured vs predicted") < markdown.index("## Tree speculation")
+
+
+def test_codec_rows_alone_are_enough_and_draw_no_figure(tmp_path):
+    out = tmp_path / "out"
+    assert report.main([str(write(tmp_path / "codecs.json", CODEC_DICTS)), "--out", str(out)]) == 0
+    assert not list(out.glob("*.png"))
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "## Wire codecs" in markdown and "## Tree speculation" not in markdown
+
+
+def test_tree_series_group_by_codec_and_rate_each_by_n():
+    result = tree_result()
+    shuffled = replace(result, tree_rows=tuple(reversed(result.tree_rows)))
+    series = tree_figures.tree_series(shuffled)
+    assert list(series) == [("f32", 10.0), ("f32", 0.0)]  # in the order the sweep ran them
+    assert all([row.n for row in rows] == list(TREE_NS) for rows in series.values())
+    assert tree_figures.fit_of(result, "f32", 10.0) == result.fits[1]
+    assert tree_figures.fit_of(result, "f16", 10.0) is None
+
+
+def test_fig7_draws_a_single_width_and_a_sweep_without_fits(tmp_path):
+    result = tree_result()
+    one = replace(result, tree_rows=result.tree_rows[4:5], fits=(replace(result.fits[1], w_star_measured=None),))
+    tree_figures.plot_tree([one, replace(result, scenario="geo", fits=())], tmp_path / "fig7.png")
+    assert_png(tmp_path / "fig7.png")
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (changed(TREE_DICT, "tree_rows", 2, n=0), "tree_rows[2].n: expected a number > 0, got 0"),
+    (changed(TREE_DICT, "tree_rows", 0, codec="f8"), "tree_rows[0].codec: expected one of f32, f16, int8-block, "
+                                                     "got 'f8'"),
+    (changed(TREE_DICT, "tree_rows", 5, lap_ms=None), "tree_rows[5].lap_ms: expected a number, got null"),
+    (changed(TREE_DICT, "tree_rows", 1, measured_tok_s="fast"),
+     "tree_rows[1].measured_tok_s: expected a finite number, got 'fast'"),
+    (changed(TREE_DICT, "tree_rows", 3, rounds=0), "tree_rows[3].rounds: expected an integer >= 1, got 0"),
+    (changed(TREE_DICT, "tree_rows", 6, bytes_per_hop="drop"),
+     "not a tree sweep: TreeSweep.tree_rows[6]: missing field(s) bytes_per_hop"),
+    (changed(TREE_DICT, "fits", 1, w_star_predicted=-3.0), "fits[1].w_star_predicted: expected a number > 0"),
+    (changed(TREE_DICT, "fits", 0, b=None), "fits[0].b: expected a number, got null"),
+    (changed(TREE_DICT, "fits", 1, rate_mbit=5.0), "fits[1]: no tree_rows at f32, 5 Mbit/s to fit"),
+    ({**TREE_DICT, "tree_rows": []}, "tree_rows: expected at least one row"),
+    ({**TREE_DICT, "t_ring_s": -0.1}, "t_ring_s: expected a number >= 0, got -0.1"),
+])
+def test_bad_tree_input_exits_2_naming_file_and_field(tmp_path, capsys, content, expected):
+    bad = write(tmp_path / "bad_tree.json", content)
+    assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and expected in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+@pytest.mark.parametrize(("index", "changes", "expected"), [
+    (1, {"greedy_agreement": 1.5}, "greedy_agreement: expected a number <= 1, got 1.5"),
+    (2, {"alpha_hat": "high"}, "alpha_hat: expected a finite number, got 'high'"),
+    (2, {"block": 0}, "block: expected an integer >= 1, got 0"),
+    (0, {"codec": "zip"}, "codec: expected one of f32, f16, int8-block, got 'zip'"),
+    (0, {"ttft_predicted_s": None}, "ttft_predicted_s: expected TTFT measured and predicted both or neither"),
+    (3, {"ttft_measured_s": -1.0}, "ttft_measured_s: expected a number >= 0, got -1.0"),
+    (1, {"speed": 1.0}, "not a codec row: CodecRow: unknown field(s) speed"),
+])
+def test_bad_codec_row_exits_2_naming_file_row_and_field(tmp_path, capsys, index, changes, expected):
+    bad = write(tmp_path / "bad_codecs.json", changed({"rows": CODEC_DICTS}, "rows", index, **changes)["rows"])
+    assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}[{index}]: {expected}" in err, err
     assert "Traceback" not in err
     assert not (tmp_path / "out" / "report.md").exists()

@@ -135,3 +135,31 @@ def test_the_tree_rate_on_a_rate_limited_ring():
     assert t.serialization_ms > 60
     lap_s = 1 / t.predicted_tok_s * t.tokens_per_round
     assert t.measured_tok_s == pytest.approx(t.predicted_tok_s, rel=rate_tolerance(3, lap_s, dilation))
+
+
+def test_the_sweep_fits_l_of_n_and_finds_w_star():
+    import math
+
+    from testbed.tree_sweep import TreeRow, fit
+
+    t_ring, rate = 0.060, 10e6 / 8  # three 20 ms hops at 10 Mbit/s
+    rows = []
+    for n in (1, 4, 16, 64, 256):
+        bytes_per_hop = 512 * (n + 1)
+        serialization = 3 * bytes_per_hop / rate
+        rows.append(TreeRow("f32", 10.0, n, 10, 2 + 0.5 * math.log(n), 0.0, 0.0, 0.0, (t_ring + serialization) * 1e3,
+                            serialization * 1e3, bytes_per_hop, 1.0 + n / 1000, 1.0 + n / 2000, 0.0))
+    f = fit(rows, t_ring, [rate] * 3)
+    assert (f.a, f.b) == pytest.approx((2.0, 0.5))
+    assert f.best_n_measured == f.best_n_predicted == 256
+    assert f.w_star_predicted == pytest.approx(t_ring / (3 * 512 / rate))  # 48.8 nodes: serialization = latency
+    assert 16 < f.w_star_measured < 64 and f.w_star_measured == pytest.approx(f.w_star_predicted, rel=0.05)
+
+
+def test_a_bad_tree_grid_exits_2():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "testbed", "sweep", "geo-ring", "--tree-n", "1,400"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--tree-n" in result.stdout

@@ -53,7 +53,7 @@ class WireConfig(JsonRecord):
 
 
 KV_PLACEMENTS = ("local", "ship")
-HEAD_PLACEMENTS = ("entry", "separate")
+HEAD_PLACEMENTS = ("entry", "separate", "last")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ class PlacementConfig(JsonRecord):
     # stage also sends the K and V it just computed to its successor every step (measured, not asserted).
     kv: str = "local"
     # "entry": the LM head and sampler run on the entry node (N hops a lap). "separate": on their own agent after
-    # the last stage (agents.head), and the sampled token travels on to the entry: N + 1 hops a lap.
+    # the last stage (agents.head), and the sampled token travels on to the entry: N + 1 hops a lap. "last": on the
+    # last stage, which returns only the token id (N hops; the return hop carries an id, not a hidden state).
     head: str = "entry"
     head_region: str = ""  # separate head in a scenario with [regions]: where its agent sits
     head_ms: float = 0.0  # separate head: its agent's emulated compute per lap (0 = the real head only)
