@@ -106,7 +106,10 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
                       kv_ship=spec.kv_ship, tp=spec.tp)
     if spec.head_on_last:
-        ring.head_sample = resolve(spec.runner)(spec.decode, ring).sample
+        from agents.head import last_stage_head
+
+        sample = resolve(spec.runner)(spec.decode, ring).sample if spec.decode.mode == "plain" else None
+        ring.last_head = last_stage_head(spec.decode.mode, sample)
     listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
     control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
 

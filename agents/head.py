@@ -1,7 +1,10 @@
-"""The separate LM head (placement.head = "separate", seed 000 "Placement laws"): an agent after the last stage.
+"""The LM head off the entry (seed 000 "Placement laws"; seed 001's return path).
 
-It turns the last stage's hidden state into logits, samples, and sends only the sampled token on to the entry:
-a lap is N + 1 hops instead of N, and the extra hop's latency is what the law's co-located head saves.
+placement.head = "separate": an agent after the last stage turns the last stage's hidden state into logits,
+samples, and sends only the sampled token on to the entry: a lap is N + 1 hops instead of N, and the extra hop's
+latency is what the law's co-located head saves. placement.head = "last": the last stage does it itself
+(last_stage_head) and the return hop carries token ids instead of hidden states; for a token tree (greedy) it
+verifies the tree and returns the accepted path's node indices and the next token.
 """
 
 from __future__ import annotations
@@ -13,7 +16,38 @@ import torch
 
 from agents import wire
 from agents.ring import RingClient
+from agents.stage import PipelineStage
 from testbed.core.errors import WireError
+
+
+def last_stage_head(mode: str, sample: Callable[[torch.Tensor], int] | None
+                    ) -> Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray]:
+    """What a last stage holding the head returns instead of its hidden state (RingClient.last_head)."""
+    if mode == "tree":
+        from agents.modes.tree import Tree, verify
+
+        def verified(stage: PipelineStage, frame: wire.Frame, hidden: np.ndarray) -> np.ndarray:
+            if frame.stream not in stage.last_tree or hidden.shape[1] != len(stage.last_tree[frame.stream][0]):
+                return np.array([sample_first(stage, hidden)], np.int32)  # a prefill lap: the first token
+            parents, tokens = stage.last_tree.pop(frame.stream)
+            tree = Tree(tokens[:1])
+            for parent, token in zip(parents[1:], tokens[1:]):
+                tree.add(parent, token, 0.0)
+            path, token = verify(tree, list(stage.logits(hidden)), "best-first", greedy=True,
+                                 generator=torch.Generator())
+            return np.array(path + [token], np.int32)
+
+        def sample_first(stage: PipelineStage, hidden: np.ndarray) -> int:
+            return int(torch.argmax(stage.logits(hidden)[-1]))
+
+        return verified
+    if sample is None:
+        raise ValueError(f"decode mode {mode!r} cannot sample on the last stage")
+
+    def sampled(stage: PipelineStage, frame: wire.Frame, hidden: np.ndarray) -> np.ndarray:
+        return np.array([] if frame.flags & wire.NO_SAMPLE else [sample(stage.logits(hidden))], np.int32)
+
+    return sampled
 
 
 async def serve_head(ring: RingClient, sample: Callable[[torch.Tensor], int]) -> None:

@@ -62,7 +62,8 @@ class RingClient:
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
-        self.head_sample: Callable[[torch.Tensor], int] | None = None  # placement.head = "last": this stage samples
+        # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
+        self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
 
     def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
         """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
@@ -218,9 +219,8 @@ class RingClient:
                 if len(group) == 1:
                     start = self.clock.now()
                     hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
-                    if self.head_sample is not None:  # only the token id goes back (none for an early prefill chunk)
-                        hidden = np.array([] if frame.flags & wire.NO_SAMPLE else
-                                          [self.head_sample(self.stage.logits(hidden))], np.int32)
+                    if self.last_head is not None:  # only token ids go back
+                        hidden = self.last_head(self.stage, frame, hidden)
                         frame = dataclasses.replace(frame, kind=wire.Kind.TOKEN)
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
@@ -341,6 +341,8 @@ class RingClient:
 
     def head(self, back: wire.Frame, decide: Callable[[torch.Tensor], Any]) -> Any:
         """The lap's result: `decide(logits)` on the returned hidden state, or the token a separate head sampled."""
+        if back.kind == wire.Kind.TOKEN and hasattr(decide, "from_ids"):  # a mode that takes several ids (a tree)
+            return decide.from_ids(back.tensor.tolist() if back.tensor is not None else [])
         if back.kind == wire.Kind.TOKEN:
             if back.tensor is None or back.tensor.shape != (1,):
                 raise WireError(f"expected one sampled token from the head, got {back.tensor!r}")

@@ -41,6 +41,7 @@ class PipelineStage:
         self.tree_slots = tree_slots  # tree speculation: cache slots beyond the positions, for a tree's nodes
         self.caches: dict[int, KVCache] = {}
         self.trees: dict[int, list[int]] = {}  # stream -> the parents of the tree its next block is
+        self.last_tree: dict[int, tuple[list[int], list[int]]] = {}  # stream -> (parents, tokens) of its last tree
         if plan.last_layer > plan.first_layer:  # a separate head's agent (agents.head) runs no layers
             self.cache_for(0)
 
@@ -63,17 +64,19 @@ class PipelineStage:
 
     def set_tree(self, plan: np.ndarray, pos: int, stream: int = 0) -> None:
         """A TREE frame (tree speculation): keep the previous tree's accepted path, then treat the stream's next
-        block (at slot pos) as a token tree. plan = int32 [a, a accepted slots, parents of the next block's nodes];
-        the accepted entries move to pos - a .. pos - 1 (right after the previous root, which stays at pos - a - 1)."""
-        if plan.ndim != 1 or plan.size < 2 or not 0 <= int(plan[0]) <= plan.size - 2:
-            raise ValueError(f"a tree plan is [a, a slots, parents...], got {plan.tolist()[:8]}...")
-        a = int(plan[0])
-        slots, parents = [int(s) for s in plan[1:1 + a]], [int(p) for p in plan[1 + a:]]
+        block (at slot pos) as a token tree. plan = int32 [a, a accepted slots, T parents, T tokens] for a block of
+        T nodes; the accepted entries move to pos - a .. pos - 1 (right after the previous root, at pos - a - 1)."""
+        a = int(plan[0]) if plan.ndim == 1 and plan.size else -1
+        if not 0 <= a <= plan.size - 3 or (plan.size - 1 - a) % 2:
+            raise ValueError(f"a tree plan is [a, a slots, T parents, T tokens], got {plan.size} values")
+        t = (plan.size - 1 - a) // 2
+        slots, parents, tokens = (plan[1:1 + a].tolist(), plan[1 + a:1 + a + t].tolist(), plan[1 + a + t:].tolist())
         if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
             raise ValueError("a tree's first node is its root (parent -1) and every other node's parent comes before it")
         if a:
             self.cache_for(stream).compact(slots, pos - a)
         self.trees[stream] = parents
+        self.last_tree[stream] = (parents, tokens)  # for a head on this stage (placement.head = "last")
 
     def _tree_mask(self, stream: int, pos: int, n_tok: int) -> torch.Tensor | None:
         parents = self.trees.pop(stream, None)

@@ -305,7 +305,10 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     if placement.head == "last" and len(stages) < 2:
         raise ConfigError("the head on the last stage needs a ring of at least two stages (one stage is the entry)",
                           source=source, key="placement.head")
-    if placement.head != "entry" and decode.mode != "plain":
+    if placement.head == "last" and decode.mode == "tree" and decode.temperature > 0:
+        raise ConfigError("the last stage verifies a tree greedily only (sampling needs the draft's distributions, "
+                          "which stay on the entry): decode.temperature must be 0", source=source, key="placement.head")
+    if placement.head != "entry" and decode.mode not in ("plain", "tree" if placement.head == "last" else "plain"):
         raise ConfigError(f"a head off the entry samples one token a lap: it runs plain decode, not {decode.mode!r} "
                           f"(speculation verifies its drafts in the head, several streams batch there)",
                           source=source, key="placement.head")

@@ -101,6 +101,12 @@ def test_greedy_verification_takes_the_longest_matching_path():
     assert a == 1
 
 
+def test_the_last_stage_verifies_trees_greedily_only():
+    with pytest.raises(ConfigError, match="greedily") as info:
+        api.scenario("geo-ring", overrides=["decode.mode=tree", "placement.head=last"])  # geo-ring samples at 0.7
+    assert info.value.key == "placement.head"
+
+
 @pytest.mark.parametrize("key, value", [("tree_n", 0), ("tree_n", 257), ("tree_policy", "beam"), ("tree_k", 0)])
 def test_bad_tree_settings_name_the_key(key, value):
     with pytest.raises(ConfigError) as info:
@@ -120,21 +126,34 @@ def test_greedy_tree_decoding_is_token_for_token_plain_greedy(policy):
     assert tree.tree.rounds > 5 and tree.tree.tokens_per_round > 1.5  # the tree accepts more than the bonus
 
 
+def rate_limited_tree(head: str):
+    from testbed.config import scenario_from_dict
+
+    return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": 5.0} for i in range(3)],
+                               "network": {"hops_ms": [20.0, 20.0, 20.0], "rate_mbit": 10.0},
+                               "decode": {"mode": "tree", "tree_n": 64, "tokens": 40, "temperature": 0.0,
+                                          "prompt": GREEDY_PROMPT}, "placement": {"head": head}}, "<test>")
+
+
 @pytest.mark.slow
-def test_the_tree_rate_on_a_rate_limited_ring():
+def test_the_tree_rate_and_the_return_path_on_a_rate_limited_ring():
     """20 ms hops at 10 Mbit/s, n = 64: the 65 nodes' hidden states (33 kB a hop) add ~80 ms of serialization a
-    lap; measured tok/s against L / (T_ring + serialization + compute + draft)."""
-    sc = api.scenario(ring_scenario([20.0, 20.0, 20.0], compute_ms=5.0, tokens=40, mode="tree", tree_n=64,
-                                    temperature=0.0, prompt=GREEDY_PROMPT))
-    sc = type(sc)(**{**sc.__dict__, "links": tuple(link.__class__(**{**link.__dict__, "rate_mbit": 10.0})
-                                                   for link in sc.links)})
+    lap; measured tok/s against L / (T_ring + serialization + compute + draft). With the head on the last stage
+    the return hop carries the accepted path's ids instead (seed 001's T_return): ~27 ms less a lap."""
     dilation = 2.0
-    summary = run(sc, dilation=dilation)
-    t = summary.tree
-    assert t.n == 64 and t.serialization_ms == pytest.approx(3 * t.bytes_per_hop * 8 / 10e6 * 1e3)
-    assert t.serialization_ms > 60
-    lap_s = 1 / t.predicted_tok_s * t.tokens_per_round
-    assert t.measured_tok_s == pytest.approx(t.predicted_tok_s, rel=rate_tolerance(3, lap_s, dilation))
+    entry, last = run(rate_limited_tree("entry"), dilation=dilation), run(rate_limited_tree("last"), dilation=dilation)
+    assert last.token_ids == entry.token_ids
+    for summary in (entry, last):
+        t = summary.tree
+        assert t.n == 64 and t.serialization_ms == pytest.approx(3 * t.bytes_per_hop * 8 / 10e6 * 1e3)
+        lap_s = 1 / t.predicted_tok_s * t.tokens_per_round
+        assert t.measured_tok_s == pytest.approx(t.predicted_tok_s, rel=rate_tolerance(3, lap_s, dilation))
+    assert entry.tree.serialization_ms > 60
+    assert entry.per_hop[-1].bytes_per_lap > 30_000 > 1_000 > last.per_hop[-1].bytes_per_lap
+    saved_ms = entry.tree.serialization_ms - last.tree.serialization_ms
+    assert saved_ms == pytest.approx((entry.per_hop[-1].bytes_per_lap - last.per_hop[-1].bytes_per_lap) * 8 / 10e3,
+                                     rel=1e-3)
+    assert entry.tree.ring_ms - last.tree.ring_ms == pytest.approx(saved_ms, abs=3 * 2.0 / dilation)
 
 
 def test_the_sweep_fits_l_of_n_and_finds_w_star():

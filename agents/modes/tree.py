@@ -215,11 +215,18 @@ class TreeMode:
         round_start = clock.now()
         tree, draft_s, draft_real, steps = self.drafter.draft(self.sequence, self.generator(1))
         pos = len(self.sequence) - 1
-        plan = np.array([len(self.kept), *self.kept, *tree.parents], dtype=np.int32)
+        plan = np.array([len(self.kept), *self.kept, *tree.parents, *tree.tokens], dtype=np.int32)
 
         def decide(logits: torch.Tensor) -> tuple[list[int], int]:
             p = [probabilities(row, config.temperature) for row in logits]
             return verify(tree, p, config.tree_policy, config.temperature <= 0, self.generator(2))
+
+        def from_ids(ids: list[int]) -> tuple[list[int], int]:  # placement.head = "last": the last stage verified
+            if not ids or any(not 0 < i < len(tree.tokens) for i in ids[:-1]):
+                raise ValueError(f"the last stage returned an impossible path {ids} for a tree of {len(tree.tokens)}")
+            return ids[:-1], ids[-1]
+
+        decide.from_ids = from_ids
 
         (path, token), record = await self.ring.lap(tree.tokens, pos, "tree", decide, tree=plan,
                                                     positions=[pos + d for d in tree.depths])
