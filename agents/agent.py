@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import MODES, DecodeConfig, TPConfig, WireConfig, resolve
+from testbed.core.decode import MODES, DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -58,6 +58,7 @@ class AgentSpec(JsonRecord):
     is_head: bool = False  # placement.head = "separate": this agent is the LM head after the last stage
     head_on_last: bool = False  # placement.head = "last": this last stage also samples and returns the token id
     tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
+    spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,11 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
 
         nursery.start_soon(watch_stdin)
         usage_at_start = Usage.now()
-        if MODES[spec.decode.mode].every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
+        if spec.stage >= spec.n_stages:  # an edge client: it drafts, the entry verifies
+            tokens = await resolve(spec.runner)(spec.decode, ring, spec.spec).run()
+            control.send("usage", Usage.now().since(usage_at_start))
+            control.send("finished")
+        elif MODES[spec.decode.mode].every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
             # (no probe laps: another rank's first all-reduce message could overtake them at the entry)
             tokens = await resolve(spec.runner)(spec.decode, ring).run()
             control.send("usage", Usage.now().since(usage_at_start))

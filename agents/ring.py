@@ -12,6 +12,7 @@ import torch
 import trio
 
 from agents import wire
+from agents.batching import as_float32, batches
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
@@ -59,6 +60,8 @@ class RingClient:
         self.clock = clock
         self.log = log
         self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES + streams)
+        # edge clients' frames (wire.SIDE_KINDS) wait here, apart from the ring's (agents.modes.dsd)
+        self.side_send, self.side = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES * 4)
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
@@ -90,11 +93,11 @@ class RingClient:
                 if item[0].kind == wire.Kind.KV:
                     continue  # shipped KV: its bytes crossed the link (the cost measured); nothing keeps it
                 predictor.observe(item[1])
-                await self.inbox_send.send(_as_float32(item))
+                await self.inbox_for(item[0]).send(as_float32(item))
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
                     if more[0].kind != wire.Kind.KV:
-                        await self.inbox_send.send(_as_float32(more))
+                        await self.inbox_for(more[0]).send(as_float32(more))
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -102,6 +105,9 @@ class RingClient:
         finally:
             raw.close()
             await trio.aclose_forcefully(stream)
+
+    def inbox_for(self, frame: wire.Frame) -> trio.MemorySendChannel:
+        return self.side_send if frame.kind in wire.SIDE_KINDS else self.inbox_send
 
     async def dial(self, peers: dict[int, Address]) -> None:
         """Open a connection over every outgoing link (the shaper decided what address reaches each peer)."""
@@ -204,7 +210,7 @@ class RingClient:
         """
         while True:
             items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
-            for group in _batches(items):
+            for group in batches(items):
                 frame, recv = group[0]
                 if frame.kind == wire.Kind.TREE:  # the next block of this stream is a token tree
                     self.stage.set_tree(frame.tensor, frame.pos, frame.stream)
@@ -253,7 +259,8 @@ class RingClient:
                                                             recv).to_dict()})
 
     async def lap(self, ids: list[int], pos: int, kind: str, decide: Callable[[torch.Tensor], Any],
-                  tree: np.ndarray | None = None, positions: list[int] | None = None) -> tuple[Any, LapRecord]:
+                  tree: np.ndarray | None = None, positions: list[int] | None = None, stream: int = 0
+                  ) -> tuple[Any, LapRecord]:
         """One traversal for a block of tokens at positions pos..; `decide(logits)` runs in the head.
 
         Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before
@@ -264,12 +271,12 @@ class RingClient:
         start = self.clock.now()
         if tree is not None:
             self.stage.set_tree(tree, pos)
-        hidden = self.stage.embed_and_run(ids, pos, positions=positions)
+        hidden = self.stage.embed_and_run(ids, pos, stream, positions=positions)
         front_real_end = self.clock.now()
         if self.n_stages > 1:
-            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden)
+            frame = wire.Frame(wire.Kind.HIDDEN, stream=stream, lap=lap_no, pos=pos, tensor=hidden)
             kv = (wire.encode(wire.Frame(wire.Kind.TREE, pos=pos, tensor=tree)) if tree is not None else b""
-                  ) + self.kv_frame(pos, len(ids))
+                  ) + self.kv_frame(pos, len(ids), stream)
             await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
                                          extra_bytes=len(kv)), kv=kv)
             back, return_recv = await self.receive()
@@ -289,7 +296,7 @@ class RingClient:
         await self.clock.sleep_until(max(head_real_end, head_start + max(cost, self.dilation * real) - front))
         end = self.clock.now()
         record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
-                           HeadTiming(head_start, head_real_end, end))
+                           HeadTiming(head_start, head_real_end, end), stream=stream)
         return result, record
 
     async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
@@ -363,28 +370,3 @@ class RingClient:
                 frame, _ = await self.inbox.receive()
                 if frame.kind == wire.Kind.SHUTDOWN:
                     break
-
-
-def _batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame, float]]]:
-    """Arrival order kept; consecutive one-token HIDDEN frames of different streams form one batch, anything
-    else (a probe, a prefill block, SHUTDOWN, a second frame of a stream already in the batch) stands alone."""
-    groups: list[list[tuple[wire.Frame, float]]] = []
-    for item in items:
-        frame = item[0]
-        batchable = (frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1))
-        last = groups[-1] if groups else None
-        if (batchable and last is not None and last[0][0].kind == wire.Kind.HIDDEN
-                and last[0][0].tensor is not None and last[0][0].tensor.shape[:2] == (1, 1)
-                and all(f.stream != frame.stream for f, _ in last)):
-            last.append(item)
-        else:
-            groups.append([item])
-    return groups
-
-
-def _as_float32(item: tuple[wire.Frame, float]) -> tuple[wire.Frame, float]:
-    """Stages compute in float32: a hidden state that travelled as f16 is upcast on arrival."""
-    frame, at = item
-    if frame.tensor is not None and frame.tensor.dtype == np.float16:
-        frame = dataclasses.replace(frame, tensor=frame.tensor.astype(np.float32))
-    return frame, at

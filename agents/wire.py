@@ -22,6 +22,7 @@ shrink 2x or ~3.9x, at the cost of the rounding the model then sees.
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,14 @@ class Kind(enum.IntEnum):
     TOKEN = 5  # sampled token ids (int32), from a separate head's agent to the entry (placement.head = "separate")
     REDUCE = 6  # one message of a tensor-parallel all-reduce (agents.tp): lap = collective, pos = step, stream = chunk
     TREE = 7  # tree speculation: int32 [a, a accepted slots, parents] for the next HIDDEN block (PipelineStage.set_tree)
+    DRAFT = 8  # edge speculation (agents.modes.dsd), edge -> entry: int32 [last token, drafts...] at pos; stream = client
+    PROBS = 9  # ... and float32 [K, V], the draft's distribution at each drafted position (the exact rule needs it)
+    VERDICT = 10  # entry -> edge: int32 [accepted, next token]
+
+
+SIDE_KINDS = (Kind.DRAFT, Kind.PROBS)  # frames from edge clients: the entry takes them from a side inbox
+PROMPT = 1 << 17  # flags of a DRAFT frame: the ids are a client's prompt (the entry prefills it)
+BYE = 1 << 18  # flags of a DRAFT frame: the client is done
 
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)
@@ -202,8 +211,8 @@ def decode_header(data: bytes | bytearray | memoryview) -> _Header:
     shape = dims[:ndim]
     if any(d > MAX_DIM for d in shape):
         raise WireError(f"shape {shape} has a dimension over {MAX_DIM}")
-    if n_stamps > MAX_STAMPS:
-        raise WireError(f"{n_stamps} stamps exceed the limit of {MAX_STAMPS}")
+    if n_stamps >= MAX_STAMPS:  # every stage adds its stamp before it forwards a frame: leave room for one
+        raise WireError(f"{n_stamps} stamps exceed the limit of {MAX_STAMPS - 1} a frame may arrive with")
     if payload_len > MAX_PAYLOAD_BYTES:
         raise WireError(f"payload length {payload_len} exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if dtype == DType.NONE:
@@ -212,12 +221,12 @@ def decode_header(data: bytes | bytearray | memoryview) -> _Header:
     elif dtype == DType.INT8_BLOCK:
         if block < 1:
             raise WireError("int8-block payload with block size 0")
-        expected = int8_block_bytes(int(np.prod(shape, dtype=np.int64)), block) if ndim else 0
+        expected = int8_block_bytes(math.prod(shape), block) if ndim else 0  # exact: int64 products wrap
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of int8 blocks of {block} "
                             f"({expected} bytes)")
     else:
-        expected = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize if ndim else 0
+        expected = math.prod(shape) * NUMPY_DTYPES[dtype].itemsize if ndim else 0
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
                             f"({expected} bytes)")

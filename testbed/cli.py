@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,dsd,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import trio
 from prometheus_client import CollectorRegistry
 from rich.console import Console
+from rich.markup import escape
 
 from testbed import api
 from testbed.config import Scenario, builtin_names, load_scenario
@@ -258,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--json", help="write the result here (default results/tp-SCENARIO.json)")
     tp.set_defaults(func=lambda a, c: __import__("testbed.parallel", fromlist=["main"]).main(a, c), dilation=1.0)
 
+    dsd = sub.add_parser("dsd", help="speculation at a distance: co-located SD, synchronous and pipelined edge drafts "
+                                     "and cloud AR across the edge RTT, the crossover, and server capacity")
+    add_run_options(dsd)
+    dsd.add_argument("--rtts", default=",".join(f"{r:g}" for r in (5, 10, 20, 50, 100, 200)),
+                     help="edge round trips in ms (default 5,10,20,50,100,200)")
+    dsd.add_argument("--clients", default="1,2,4,8", help="edge clients for the capacity table (default 1,2,4,8)")
+    dsd.add_argument("--json", help="write the result here (default results/dsd-SCENARIO.json)")
+    dsd.set_defaults(func=lambda a, c: __import__("testbed.edge", fromlist=["main"]).main(a, c), dilation=1.0)
+
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)
     report.set_defaults(func=lambda a, c: __import__("testbed.report", fromlist=["main"]).main(a.rest))
@@ -284,6 +294,6 @@ def main(argv: list[str] | None = None) -> int:
         if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
             raise
         for e in leaves:
-            console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+            console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)  # the message quotes user input
         return 2 if all(isinstance(e, ConfigError) for e in leaves) else 1
 

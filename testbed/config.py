@@ -9,9 +9,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import (ALLREDUCE, CODECS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_BLOCK, DecodeConfig,
-                                 PlacementConfig, TPConfig, WireConfig)
+from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, DecodeConfig, PlacementConfig, SpecConfig, TPConfig,
+                                 WireConfig)
 from testbed.decode_rules import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
+from testbed.placement_rules import edge_links, placement_from_dict as _placement, spec_from_dict
+from testbed.placement_rules import tensor_parallel as _tensor_parallel
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 from testbed.regions import RegionMatrix, parse_regions as _regions
@@ -56,6 +58,12 @@ class Scenario:
     placement: PlacementConfig = PlacementConfig()
     parallel: str = "pp"  # "pp": each stage a slice of the layers; "tp": every agent a slice of every layer
     tp: TPConfig = TPConfig()
+    spec: SpecConfig = SpecConfig()  # where the draft runs; "edge": spec.clients agents after the stages
+
+    @property
+    def n_agents(self) -> int:
+        """Processes a run starts: the stages (the ring), then the edge clients (agents.modes.dsd)."""
+        return self.n_stages + (self.spec.clients if self.spec.placement == "edge" else 0)
 
     @property
     def n_stages(self) -> int:
@@ -100,8 +108,7 @@ class Scenario:
 # --- loading -----------------------------------------------------------------------------------
 
 _TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
-             "parallel", "tp"}
-_PLACEMENT_KEYS = {f.name for f in fields(PlacementConfig)}
+             "parallel", "tp", "spec"}
 _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
 _WIRE_KEYS = {f.name for f in fields(WireConfig)}
@@ -133,7 +140,7 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
         text = resources.files(SCENARIO_PACKAGE).joinpath(f"{name_or_path}.toml").read_text()
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # tomllib recurses once per level of nesting
         raise ConfigError(f"not valid TOML: {exc}", source=source) from exc
     for item in overrides or []:
         apply_override(raw, item, source)
@@ -144,7 +151,7 @@ def parse_value(text: str) -> Any:
     """A --set value: a TOML value if it parses as one (5, 1.5, true, [1, 2], "x"), else a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # nested deeper than tomllib's recursion: not a TOML value
         return text
 
 
@@ -323,51 +330,14 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
                           "wire.codec must be \"f32\"", source=source, key="wire.codec")
     if parallel == "tp":
         decode, links = _tensor_parallel(decode, links, stages, placement, tp, regions, source)
+    spec, decode = spec_from_dict(raw.get("spec", {}), decode, source, scale)
+    if spec.placement == "edge" and (parallel != "pp" or placement.head != "entry"):
+        raise ConfigError("edge drafts verify on the entry of a pipeline: keep parallel and placement.head at their "
+                          "defaults", source=source, key="spec.placement")
+    links += edge_links(spec, len(stages), seed + len(links))
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
-                    placement=placement, parallel=parallel, tp=tp)
-
-
-def _placement(raw: Any, source: str, scale: float) -> PlacementConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError("expected a table", source=source, key="placement")
-    _check_keys(raw, _PLACEMENT_KEYS, source, "placement")
-    return PlacementConfig(kv=_string(raw, "kv", "local", source, "placement", KV_PLACEMENTS),
-                           head=_string(raw, "head", "entry", source, "placement", HEAD_PLACEMENTS),
-                           head_region=_string(raw, "head_region", "", source, "placement"),
-                           head_ms=_number(raw, "head_ms", 0.0, source, "placement", maximum=60_000) * scale)
-
-
-def _tensor_parallel(decode: DecodeConfig, links: list[LinkSpec], stages: list[StageConfig],
-                     placement: PlacementConfig, tp: TPConfig, regions: RegionMatrix | None,
-                     source: str) -> tuple[DecodeConfig, list[LinkSpec]]:
-    """parallel = "tp": plain decode of one stream as the "tp" mode; all-to-all gets a link between every pair
-    (from [regions] where the scenario has them, else [[network.links]] must give them)."""
-    if decode.mode != "plain":
-        raise ConfigError(f"tensor parallelism runs plain decode of one stream, not {decode.mode!r}", source=source,
-                          key="parallel")
-    if placement.head != "entry" or placement.kv != "local":
-        raise ConfigError("tensor parallelism keeps the head and the KV on every rank: leave [placement] at its "
-                          "defaults", source=source, key="parallel")
-    if decode.prefill_chunk:
-        raise ConfigError("tensor parallelism prefills the prompt in one pass: decode.prefill_chunk must be 0",
-                          source=source, key="decode.prefill_chunk")
-    n = len(stages)
-    if n < 2:
-        raise ConfigError("tensor parallelism needs at least two agents (stages)", source=source, key="parallel")
-    if tp.allreduce == "all-to-all":
-        have = {(link.src, link.dst) for link in links}
-        missing = [(i, j) for i in range(n) for j in range(n) if i != j and (i, j) not in have]
-        if missing and regions is not None:
-            template = links[0]
-            for i, j in missing:
-                ms = regions.latency(stages[i].region, stages[j].region)
-                links.append(replace(template, src=i, dst=j, delay_ms=ms, seed=template.seed + len(links)))
-        elif missing:
-            raise ConfigError(f"an all-to-all all-reduce needs a link between every pair of stages; missing "
-                              f"{', '.join(f'{i}->{j}' for i, j in missing)} (add [[network.links]] or give "
-                              f"[regions])", source=source, key="tp.allreduce")
-    return replace(decode, mode="tp"), links
+                    placement=placement, parallel=parallel, tp=tp, spec=spec)
 
 
 def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:

@@ -81,13 +81,19 @@ class Launcher:
         sc = self.physical
         ranges = split_layers(n_layers, sc.stages, sc.source)
         runner = MODES[sc.decode.mode].runner
-        return [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
-                          compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
-                          listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
-                          per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
-                          kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
-                          head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1)
-                for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
+        stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
+                            compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
+                            listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
+                            per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
+                            kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
+                            head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1)
+                  for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
+        edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
+                           compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,
+                           listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor, wire=sc.wire,
+                           spec=sc.spec)
+                 for i in range(sc.n_stages, sc.n_agents)]  # edge clients (agents.modes.dsd)
+        return stages + edges
 
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
         read_fd, write_fd = os.pipe()
@@ -215,7 +221,7 @@ class Launcher:
         self.runlog.phase = "starting agents"
         for spec in specs:
             await self._start_agent(nursery, spec)
-        everyone = set(range(sc.n_stages))
+        everyone = set(range(sc.n_agents))
         listening = await self._expect("listening", everyone, STARTUP_TIMEOUT_S)
         host_of = {i: ("127.0.0.1" if specs[i].listen_host in ("0.0.0.0", "") else specs[i].listen_host)
                    for i in everyone}
@@ -280,7 +286,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
     chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
                                     cache=calibrations)
     physical = box_scenario(scenario, chosen)
-    shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_stages, new_run_id(),
+    shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_agents, new_run_id(),
                            options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms))
     return shaper, (chosen if chosen.requested != "1" or chosen.compensate else None)
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Any
 
 from testbed.core.errors import ConfigError
 
 
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # what TOML writes unquoted
+
+
 def check_keys(table: dict, allowed: set[str], source: str, where: str) -> None:
     for key in table:
         if key not in allowed:
+            shown = key if BARE_KEY.fullmatch(key) else json.dumps(key)  # "" or a control character: quoted, as TOML
             raise ConfigError(f"unknown key; expected one of {', '.join(sorted(allowed))}", source=source,
-                              key=f"{where}.{key}" if where else key)
+                              key=f"{where}.{shown}" if where else shown)
 
 
 def number(table: dict, key: str, default: float, source: str, where: str, *, minimum: float = 0.0,
@@ -21,7 +28,7 @@ def number(table: dict, key: str, default: float, source: str, where: str, *, mi
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
         raise ConfigError(f"expected {kind}, got {value!r}", source=source, key=full)
-    if value < minimum or (maximum is not None and value > maximum):
+    if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):  # nan: in no range
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=full)
     return int(value) if integer else float(value)

@@ -71,6 +71,25 @@ class PlacementConfig(JsonRecord):
     head_ms: float = 0.0  # separate head: its agent's emulated compute per lap (0 = the real head only)
 
 
+DRAFT_PLACEMENTS = ("colocated", "edge")
+MAX_CLIENTS = 32
+
+
+@dataclass(frozen=True)
+class SpecConfig(JsonRecord):
+    """[spec] of a speculative scenario: where the draft runs (seeds 002/003, "Speculation at a Distance")."""
+
+    # "colocated": the draft runs on the entry, beside the target. "edge": each of `clients` edge clients runs its
+    # own draft in its own agent, over an edge-cloud link to the entry (one-way rtt_ms / 2 each way), and the
+    # entry only verifies (agents.modes.dsd); `pipelined`: an edge keeps drafting while its round is verified.
+    placement: str = "colocated"
+    clients: int = 1
+    rtt_ms: float = 0.0
+    jitter_ms: float = 0.0
+    rate_mbit: float = 0.0
+    pipelined: bool = False
+
+
 ALLREDUCE = ("ring", "all-to-all")
 
 
@@ -108,6 +127,8 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.tree_summary:summarize_tree",
              summary_field="tree"),
+    ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.dsd_summary:summarize_dsd",
+             summary_field="dsd"),
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.tp_summary:summarize_tp",
              summary_field="tp", every_agent=True),
 )}

@@ -225,3 +225,51 @@ def tp_token_s(link_s: dict[tuple[int, int], float], n_ranks: int, n_layers: int
         if token == 0:
             first_end = t[0]
     return (t[0] - first_end) / (tokens - 1)
+
+
+def dsd_round_s(placement: str, k: int, draft_s: float, verify_s: float, rtt_s: float = 0.0,
+                p_hit: float = 0.0) -> float:
+    """Seeds 002/003: one speculation round (K drafts, one verification of them) by where the draft runs.
+
+        colocated        K t_d + t_v                      draft and target on the server; the client's RTT
+                                                          is paid once per request, not per round
+        edge (sync)      K t_d + RTT + t_v                the drafts go up, the verdict comes back
+        edge pipelined   p max(RTT + t_v, (K + 1) t_d) + (1 - p)(K t_d + RTT + t_v + w)
+
+    Pipelined: while a round is verified the edge drafts its guess of the target's next token and K more; with
+    probability p (all K accepted and the guess right, measured) they are the next round, sent as soon as both
+    the verdict and they are there; otherwise the edge drafts afresh after the verdict, once the draft step in
+    flight when the verdict landed is done (w: the rest of that step, 0 once all K + 1 steps are). So pipelining beats
+    co-location only while RTT < p K t_d (for RTT + t_v >= (K + 1) t_d): the round trip must hide in the drafting
+    window, seed 002's claim with the hit rate made explicit. Tokens per round are Gamma in every placement.
+    """
+    if placement == "colocated":
+        return k * draft_s + verify_s
+    if placement == "edge":
+        return k * draft_s + rtt_s + verify_s
+    if placement == "pipelined":
+        wait = rtt_s + verify_s
+        # a miss also finishes the draft step in flight when the verdict lands (none once all K + 1 are done)
+        steps = math.ceil(wait / draft_s - 1e-9) if draft_s > 0 else 0
+        waste = steps * draft_s - wait if steps <= k + 1 else 0.0
+        return p_hit * max(wait, (k + 1) * draft_s) + (1 - p_hit) * (k * draft_s + wait + waste)
+    raise ValueError(f"placement must be colocated, edge or pipelined, got {placement!r}")
+
+
+def pipelined_crossover_rtt_s(k: int, draft_s: float, verify_s: float, p_hit: float, step_s: float = 1e-4) -> float:
+    """The first RTT (scanning up from 0 in step_s) at which a pipelined edge round is no shorter than a co-located
+    one: below it pipelining wins (0: it never does). The in-flight step makes the pipelined round a sawtooth in
+    the RTT, hence a scan rather than a root."""
+    target = dsd_round_s("colocated", k, draft_s, verify_s)
+    rtt = 0.0
+    while rtt <= 2 * target:
+        if dsd_round_s("pipelined", k, draft_s, verify_s, rtt, p_hit) >= target:
+            return rtt
+        rtt += step_s
+    return rtt
+
+
+def capacity_multiplier(k: int, draft_s: float, verify_s: float) -> float:
+    """Seed 002: a saturated server verifying only (the drafts offloaded to the clients) sustains
+    (K t_d + t_v) / t_v = 1 + K t_d / t_v times the clients it sustains drafting and verifying, at the same rate."""
+    return 1.0 + k * draft_s / verify_s

@@ -171,6 +171,39 @@ class TreeSummary(JsonRecord):
 
 
 @dataclass(frozen=True)
+class DsdSummary(JsonRecord):
+    """Edge drafts, entry verification (agents.modes.dsd): rounds and requests next to physics.dsd_round_s."""
+
+    clients: int
+    pipelined: bool
+    k: int
+    rtt_ms: float
+    rounds: int
+    tokens_per_round: float  # Gamma, measured
+    alpha_hat: float | None
+    draft_ms_per_token: float  # t_d, from the rounds drafted after their verdict
+    verify_ms: float  # t_v: the entry's verify laps (the ring, its compute and the head)
+    queue_ms: float  # a round's wait at the entry behind other clients' rounds
+    hit_rate: float  # pipelined: rounds whose drafts were ready from the last round's wait
+    round_ms: float  # verdict to verdict, at the edge
+    predicted_round_ms: float  # physics.dsd_round_s with the measured t_d, t_v, hit rate (and queueing)
+    request_ms: float  # a client's whole request: the prompt sent to the last verdict (mean over the clients)
+    predicted_request_ms: float
+    request_tokens: float
+    aggregate_tok_s: float  # every client's tokens over the stretch where all of them were decoding
+    predicted_aggregate_tok_s: float  # min(E Gamma / round, Gamma / t_v): the clients, or the saturated server
+    server_busy: float  # the entry's verify laps over that stretch
+    bytes_up_per_round: int
+    bytes_down_per_round: int
+    error_pct: float  # request latency
+
+    @property
+    def headline(self) -> tuple[float, float, float]:
+        return (self.aggregate_tok_s, self.predicted_aggregate_tok_s,
+                (self.aggregate_tok_s / self.predicted_aggregate_tok_s - 1) * 100)
+
+
+@dataclass(frozen=True)
 class TpSummary(JsonRecord):
     """Tensor parallelism over the links (agents.tp): per-token latency next to physics.tp_token_s, and what PP
     would take on the same links (seed 000, Eq. 8)."""
@@ -246,6 +279,7 @@ class RunSummary(JsonRecord):
     streams: StreamsSummary | None = None
     tp: TpSummary | None = None
     tree: TreeSummary | None = None
+    dsd: DsdSummary | None = None
     history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
     metrics_url: str | None = None
     text: str = ""

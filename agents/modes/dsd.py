@@ -1,0 +1,203 @@
+"""Speculation at a distance (seeds 002/003): edge clients draft, the entry verifies.
+
+spec.placement = "edge": each of spec.clients edge clients is an agent of its own after the stages, with its own
+draft model and a link to the entry and one back (spec.rtt_ms / 2 each way). A round: the client drafts K tokens
+(K t_d), sends them with the draft's distribution at each (a PROBS frame, float32 [K, V], then a DRAFT frame, int32
+[last token, drafts]); the entry runs the target over them in one lap of the ring (t_v) and applies the exact rule
+(agents.modes.speculative.verify), then sends the verdict (VERDICT: accepted, next token). The entry serves the
+clients' rounds in arrival order, one lap at a time, each client's KV in its own per-stream cache.
+
+spec.pipelined: after sending a round the client keeps drafting the most likely continuation (the draft's argmax
+guess for the target's next token, then K drafts after it) while the round is verified; if the verdict accepts
+all K and its next token is the guess, those drafts are the next round's, sent at once; otherwise they are dropped.
+
+The edge reports one "spec" lap per round (start: the previous verdict; end: this one; extra: what it drafted,
+waited and accepted) and a "request" lap for the whole request; the entry reports its "verify" laps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import trio
+
+from agents import wire
+from agents.modes.speculative import Drafter, PositionRandom, overlap, probabilities, sample, verify
+from agents.prompts import prompt_ids
+from agents.ring import LAP_TIMEOUT_S, RingClient
+from testbed.core.decode import DecodeConfig, SpecConfig
+from testbed.core.errors import PeerTimeout, WireError
+from testbed.core.records import LapRecord
+
+LAP_KINDS = ("verify", "prefill")
+
+
+def exact_q(q: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """The draft distribution as both sides will use it: rounded to the float32 that crosses the wire, renormalized."""
+    q32 = q.to(torch.float32)
+    return q32.to(torch.float64) / q32.to(torch.float64).sum(), q32.numpy()
+
+
+def randoms(seed: int, client: int) -> PositionRandom:
+    return PositionRandom(seed * 1009 + client)
+
+
+class VerifyServer:
+    """The entry: prefills each client's prompt and verifies its rounds; ends when every client said BYE."""
+
+    def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
+        self.config, self.ring = config, ring
+        self.probs: dict[int, np.ndarray] = {}
+        self.rand: dict[int, PositionRandom] = {}
+        self.overlaps: dict[int, dict[str, float]] = {}  # sum_x min(p, q) over the round's drafts: alpha-hat
+
+    async def receive(self) -> tuple[wire.Frame, float]:
+        with trio.move_on_after(LAP_TIMEOUT_S):
+            return await self.ring.side.receive()
+        raise PeerTimeout(f"no frame from the edge clients within {LAP_TIMEOUT_S} s")
+
+    async def run(self) -> int:
+        ring, config = self.ring, self.config
+        clients = {dst - ring.n_stages for dst in ring.peers if dst >= ring.n_stages}
+        served = 0
+        while clients:
+            frame, recv = await self.receive()
+            c = frame.stream
+            if c not in clients or frame.tensor is None:
+                raise WireError(f"a {frame.kind.name} frame from unknown or finished client {c}")
+            if frame.kind == wire.Kind.PROBS:
+                self.probs[c] = frame.tensor
+                continue
+            if frame.flags & wire.BYE:
+                clients.discard(c)
+                continue
+            ids = frame.tensor.tolist()
+            rand = self.rand.setdefault(c, randoms(config.seed, c))
+            if frame.flags & wire.PROMPT:
+                first = lambda logits: sample(probabilities(logits[-1], config.temperature),  # noqa: E731
+                                              rand.generator(len(ids), PositionRandom.RESIDUAL))
+                verdict, record = await ring.lap(ids, 0, "prefill", lambda logits: (0, first(logits)), stream=c)
+            else:
+                q = self.probs.pop(c, None)
+                drafts, base = ids[1:], frame.pos + 1
+                if q is None or q.shape != (len(drafts), ring.stage.model.config.vocab_size):
+                    raise WireError(f"client {c}'s drafts came without their {len(drafts)} rows of probabilities")
+                qs = [exact_q(torch.from_numpy(row))[0] for row in q]
+
+                def decide(logits: torch.Tensor) -> tuple[int, int]:
+                    p = [probabilities(row, config.temperature) for row in logits]
+                    self.overlaps[c] = {"overlap_sum": sum(overlap(p[i], qs[i]) for i in range(len(drafts)))}
+                    return verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
+
+                verdict, record = await ring.lap(ids, frame.pos, "verify", decide, stream=c)
+                served += verdict[0] + 1
+            now = ring.clock.now()
+            reply = wire.Frame(wire.Kind.VERDICT, stream=c, lap=frame.lap, pos=frame.pos,
+                               tensor=np.array(verdict, np.int32))
+            await ring.send(ring.pass_through(reply, now), ring.n_stages + c)
+            extra = {"client": c, "queue_s": record.start - recv, "k": len(ids) - 1, **self.overlaps.pop(c, {})}
+            first = {"tokens": 1, "ids": (verdict[1],)} if frame.flags & wire.PROMPT else {}  # the client's first token
+            ring.report(dataclasses.replace(record, extra=extra, **first))
+        return served
+
+
+class EdgeClient:
+    """One edge client: its prompt, then rounds of K drafts until decode.tokens tokens (its own request)."""
+
+    def __init__(self, config: DecodeConfig, ring: RingClient, spec: SpecConfig) -> None:
+        from agents.train import load_model
+
+        self.config, self.ring, self.spec = config, ring, spec
+        self.client = ring.index - ring.n_stages
+        self.k = int(config.k)
+        self.rand = randoms(config.seed, self.client)
+        model = load_model("target" if config.draft == "calibrated" else "draft")
+        self.drafter = Drafter(model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3, self.rand,
+                               ring.clock, ring.dilation)
+
+    async def draft_one(self, context: list[int]) -> tuple[int, torch.Tensor, float]:
+        """One draft token after `context`: (token, its exact q, real seconds); padded to draft_ms with a sleep."""
+        from agents.modes.speculative import calibrated_q
+
+        clock = self.ring.clock
+        step = clock.now()
+        logits = self.drafter._next_distribution(context)
+        q = probabilities(logits, self.config.temperature)
+        if self.config.draft == "calibrated":
+            q, _ = calibrated_q(q, self.config.alpha)
+        q, _ = exact_q(q)
+        token = sample(q, self.rand.generator(len(context), PositionRandom.DRAFT))
+        took = clock.now() - step
+        await clock.sleep_until(step + max(self.drafter.draft_s, self.ring.dilation * took))
+        return token, q, took
+
+    async def send_round(self, sequence: list[int], drafts: list[int], qs: list[torch.Tensor], lap: int) -> None:
+        probs = np.stack([exact_q(q)[1] for q in qs])
+        now = self.ring.clock.now()
+        for frame in (wire.Frame(wire.Kind.PROBS, stream=self.client, lap=lap, tensor=probs),
+                      wire.Frame(wire.Kind.DRAFT, stream=self.client, lap=lap, pos=len(sequence) - 1,
+                                 tensor=np.array([sequence[-1]] + drafts, np.int32))):
+            await self.ring.send(self.ring.pass_through(frame, now), 0)
+
+    async def verdict(self) -> tuple[int, int]:
+        frame, _ = await self.ring.receive()
+        if frame.kind != wire.Kind.VERDICT or frame.tensor is None or frame.tensor.shape != (2,):
+            raise WireError(f"edge client {self.client} expected a verdict, got a {frame.kind.name} frame")
+        return int(frame.tensor[0]), int(frame.tensor[1])
+
+    async def run(self) -> int:
+        ring, clock, config, k = self.ring, self.ring.clock, self.config, self.k
+        sequence = prompt_ids(config, ring.stage.model.config.block_size)
+        request_start = clock.now()
+        await ring.send(ring.pass_through(wire.Frame(wire.Kind.DRAFT, stream=self.client, flags=wire.PROMPT,
+                                                     tensor=np.array(sequence, np.int32)), request_start), 0)
+        sequence.append((await self.verdict())[1])
+        generated, lap, ready = 1, 0, None  # ready: a pipelined round drafted while the last one was verified
+        last = clock.now()
+        while generated < config.tokens and len(sequence) + k + 2 <= ring.stage.model.config.block_size:
+            start = clock.now()
+            drafts, qs, real = ready if ready is not None else ([], [], 0.0)
+            had = len(drafts)  # drafted ahead, during the last round's wait
+            while len(drafts) < k:
+                token, q, took = await self.draft_one(sequence + drafts)
+                drafts, qs, real = drafts + [token], qs + [q], real + took
+            draft_s = clock.now() - start
+            await self.send_round(sequence, drafts, qs, lap)
+            sent = clock.now()
+            guess, ahead = None, ([], [], 0.0)
+            if self.spec.pipelined:
+                guess, ahead = await self.draft_ahead(sequence + drafts)
+            accepted, nxt = await self.verdict()
+            end = clock.now()
+            hit = self.spec.pipelined and accepted == k and nxt == guess
+            new = drafts[:accepted] + [nxt]
+            sequence += new
+            generated += len(new)
+            ready = ahead if hit else None
+            ring.report(LapRecord(lap, "spec", ring.mode, k + 1, len(new), last, end, (), end, ids=tuple(new),
+                                  stream=self.client,
+                                  extra={"k": k, "accepted": accepted, "draft_s": draft_s, "draft_real_s": real,
+                                         "ready": had,
+                                         "overlap_sum": 0.0, "wait_s": end - sent, "hit": hit, "client": self.client,
+                                         "draft": config.draft}))
+            last, lap = end, lap + 1
+        ring.report(LapRecord(lap, "request", ring.mode, 0, generated, request_start, clock.now(), (), clock.now(),
+                              stream=self.client, extra={"client": self.client, "rounds": lap}))
+        await ring.send(ring.pass_through(wire.Frame(wire.Kind.DRAFT, stream=self.client, flags=wire.BYE,
+                                                     tensor=np.zeros(0, np.int32)), clock.now()), 0)
+        return generated
+
+    async def draft_ahead(self, context: list[int]) -> tuple[int | None, tuple[list[int], list[torch.Tensor], float]]:
+        """Pipelined: while the verdict is on its way, the guess (the draft's argmax after `context`) and up to K
+        drafts after it; stops as soon as the verdict is in (it stays queued for `verdict`)."""
+        clock, ring = self.ring.clock, self.ring
+        step = clock.now()
+        guess = int(torch.argmax(self.drafter._next_distribution(context)))  # one draft step too
+        await clock.sleep_until(step + max(self.drafter.draft_s, ring.dilation * (clock.now() - step)))
+        drafts, qs, real = [], [], 0.0
+        while len(drafts) < self.k and ring.inbox.statistics().current_buffer_used == 0:
+            token, q, took = await self.draft_one(context + [guess] + drafts)
+            drafts, qs, real = drafts + [token], qs + [q], real + took
+        return guess, (drafts, qs, real)

@@ -1,0 +1,64 @@
+"""summarize_dsd(laps, scenario) -> DsdSummary: edge speculation's rounds and requests against seeds 002/003."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents import wire
+from testbed.config import Scenario
+from testbed.core import physics
+from testbed.core.records import LapRecord
+from testbed.core.summary import DsdSummary
+
+def round_bytes(k: int, vocab: int) -> tuple[int, int]:
+    """(up, down) bytes of one round on the edge link: PROBS [K, V] float32 and DRAFT [K + 1] int32 up, VERDICT down."""
+    frame = wire.HEADER.size + wire.STAMP.size
+    return 2 * frame + 4 * k * vocab + 4 * (k + 1), frame + 8
+
+
+def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
+    rounds = [lap for lap in laps if lap.kind == "spec"]
+    verifies = [lap for lap in laps if lap.kind == "verify"]
+    requests = [lap for lap in laps if lap.kind == "request"]
+    if not rounds or not verifies:
+        return None
+    k = int(rounds[0].extra["k"])
+    spec = sc.spec
+    gamma = float(np.mean([lap.tokens for lap in rounds]))
+    fresh = [lap for lap in rounds if not lap.extra["ready"]] or rounds  # drafted all K after their verdict
+    draft = float(np.mean([lap.extra["draft_s"] for lap in fresh])) / k
+    verify = float(np.mean([lap.duration_s for lap in verifies]))
+    queue = float(np.mean([lap.extra["queue_s"] for lap in verifies]))
+    p_hit = float(np.mean([bool(lap.extra["ready"]) for lap in rounds])) if spec.pipelined else 0.0  # began drafted
+    from agents.train import MODEL_CONFIGS  # the target's vocabulary: what a PROBS row holds
+
+    up, down = round_bytes(k, MODEL_CONFIGS[sc.model].vocab_size)
+    rate = spec.rate_mbit * 1e6 / 8
+    serialization = (up + down) / rate if rate > 0 else 0.0
+    rtt = spec.rtt_ms / 1e3 + serialization
+    predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,
+                                          p_hit)
+    prefills = [lap for lap in laps if lap.kind == "prefill"]
+    prefill = float(np.mean([lap.duration_s for lap in prefills])) if prefills else 0.0
+    n_rounds = float(np.mean([lap.extra["rounds"] for lap in requests])) if requests else float(len(rounds))
+    request = float(np.mean([lap.duration_s for lap in requests])) if requests else 0.0
+    predicted_request = spec.rtt_ms / 1e3 + prefill + n_rounds * predicted_round
+    # every client's own decode rate, summed: the aggregate while they all decode (they start and end together)
+    clients = {lap.stream for lap in rounds}
+    aggregate = sum(sum(lap.tokens for lap in rounds if lap.stream == c) /
+                    sum(lap.duration_s for lap in rounds if lap.stream == c) for c in clients)
+    span = max(max(lap.end for lap in rounds) - min(lap.start for lap in rounds), 1e-9)
+    busy = sum(lap.duration_s for lap in verifies if lap.kind == "verify") / span
+    predicted_aggregate = min(spec.clients * gamma / physics.dsd_round_s(
+        "pipelined" if spec.pipelined else "edge", k, draft, verify, rtt, p_hit), gamma / verify)
+    overlaps = [lap.extra["overlap_sum"] for lap in verifies if "overlap_sum" in lap.extra]
+    return DsdSummary(
+        clients=spec.clients, pipelined=spec.pipelined, k=k, rtt_ms=spec.rtt_ms, rounds=len(rounds),
+        tokens_per_round=gamma, alpha_hat=sum(overlaps) / (k * len(overlaps)) if overlaps else None,
+        draft_ms_per_token=draft * 1e3, verify_ms=verify * 1e3, queue_ms=queue * 1e3, hit_rate=p_hit,
+        round_ms=float(np.mean([lap.duration_s for lap in rounds])) * 1e3, predicted_round_ms=predicted_round * 1e3,
+        request_ms=request * 1e3, predicted_request_ms=predicted_request * 1e3,
+        request_tokens=float(np.mean([lap.tokens for lap in requests])) if requests else 0.0,
+        aggregate_tok_s=aggregate, predicted_aggregate_tok_s=predicted_aggregate, server_busy=busy,
+        bytes_up_per_round=up, bytes_down_per_round=down,
+        error_pct=(request / predicted_request - 1) * 100 if request else 0.0)

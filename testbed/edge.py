@@ -1,0 +1,189 @@
+"""python -m testbed dsd: speculation at a distance (seeds 002/003), measured across the edge link's RTT.
+
+Per RTT, one request of decode.tokens tokens in each of four ways, measured next to its closed form:
+- co-located SD (the draft beside the target, `decode.mode = "speculative"`): the server's prompt and rounds, plus
+  the client's RTT once (the prompt goes up, the last token comes down);
+- synchronous DSD (`spec.placement = "edge"`): every round's drafts cross the link and its verdict comes back;
+- pipelined DSD (`spec.pipelined`): the edge drafts ahead while a round is verified;
+- cloud autoregressive decoding (`decode.mode = "plain"`), plus the RTT once.
+Co-located and autoregressive runs do not depend on the RTT, so each is measured once and the RTT added.
+The pipelined crossover (the RTT below which pipelined DSD beats co-located SD) is interpolated from the measured
+rows and set next to physics.pipelined_crossover_rtt_s with the measured t_d, t_v and hit rate. Then capacity:
+the saturated server's throughput with every client's draft offloaded (--clients edge clients) against the
+co-located server's, next to 1 + K t_d / t_v; and, the referee's question, alpha-hat, t_d and t_v per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from testbed import api
+from testbed.core import physics
+from testbed.core.errors import ConfigError
+from testbed.core.records import JsonRecord
+from testbed.core.summary import RunSummary
+
+RTTS_MS = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
+TOKENS = 40
+
+
+def colocated_request(summary: RunSummary, rtt_s: float) -> tuple[float, float]:
+    """(measured, predicted) seconds of a co-located SD request: prompt + rounds on the server, + the RTT once."""
+    spec, ttft = summary.spec, summary.ttft
+    measured = ttft.measured_s + spec.rounds * spec.round_s + rtt_s
+    round_s = physics.dsd_round_s("colocated", round(spec.k), spec.draft_per_token_s, spec.verify_compute_s
+                                  + summary.t_ring_s)
+    return measured, ttft.predicted_s + spec.rounds * round_s + rtt_s
+
+
+def autoregressive_request(summary: RunSummary, rtt_s: float) -> tuple[float, float]:
+    """(measured, predicted) seconds of a cloud autoregressive request: prompt + one lap a token, + the RTT once."""
+    laps = summary.laps
+    return (summary.ttft.measured_s + summary.wall_s + rtt_s,
+            summary.ttft.predicted_s + laps / summary.predicted_tok_s + rtt_s)
+
+
+@dataclass(frozen=True)
+class DsdRow(JsonRecord):
+    rtt_ms: float
+    colocated_ms: float
+    colocated_predicted_ms: float
+    sync_ms: float
+    sync_predicted_ms: float
+    pipelined_ms: float
+    pipelined_predicted_ms: float
+    autoregressive_ms: float
+    autoregressive_predicted_ms: float
+    alpha_hat: float | None  # the referee's question: do these move with the RTT?
+    draft_ms_per_token: float
+    verify_ms: float
+    hit_rate: float
+
+
+@dataclass(frozen=True)
+class CapacityRow(JsonRecord):
+    clients: int
+    aggregate_tok_s: float
+    predicted_aggregate_tok_s: float
+    server_busy: float
+
+
+@dataclass(frozen=True)
+class DsdResult(JsonRecord):
+    scenario: str
+    shaper: str
+    k: int
+    tokens: int
+    dsd_rows: tuple[DsdRow, ...]
+    crossover_rtt_ms: float | None  # measured: where pipelined DSD stops beating co-located SD (None: not on the grid)
+    crossover_predicted_rtt_ms: float
+    colocated_tok_s: float  # the co-located server's throughput: one request at a time, draft and target
+    capacity: tuple[CapacityRow, ...]
+    multiplier_measured: float | None  # the most clients' aggregate over colocated_tok_s
+    multiplier_predicted: float  # 1 + K t_d / t_v
+
+
+def crossover(rows: list[DsdRow]) -> float | None:
+    """The RTT where pipelined minus co-located request latency turns positive, linear between grid points."""
+    gaps = [(r.rtt_ms, r.pipelined_ms - r.colocated_ms) for r in sorted(rows, key=lambda r: r.rtt_ms)]
+    for (x0, g0), (x1, g1) in zip(gaps, gaps[1:]):
+        if g0 < 0 <= g1:
+            return x0 + (x1 - x0) * (-g0) / (g1 - g0)
+    return None
+
+
+async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int], log) -> DsdResult:
+    from testbed.launcher import run_scenario
+
+    base = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}"]
+
+    async def run(label: str, overrides: list[str]) -> RunSummary:
+        log(label)
+        sc = api.scenario(args.scenario, overrides=base + overrides)
+        return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation)
+
+    colocated = await run("co-located SD", ["decode.mode=speculative", "spec.placement=colocated"])
+    plain = await run("cloud autoregressive", ["decode.mode=plain", "spec.placement=colocated"])
+    k = round(colocated.spec.k)
+    rows = []
+    for rtt in rtts:
+        edge = [f"decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtt}"]
+        sync = (await run(f"RTT {rtt:g} ms: synchronous DSD", edge)).dsd
+        pipe = (await run(f"RTT {rtt:g} ms: pipelined DSD", edge + ["spec.pipelined=true"])).dsd
+        rows.append(DsdRow(rtt, *(x * 1e3 for x in colocated_request(colocated, rtt / 1e3)), sync.request_ms,
+                           sync.predicted_request_ms, pipe.request_ms, pipe.predicted_request_ms,
+                           *(x * 1e3 for x in autoregressive_request(plain, rtt / 1e3)), sync.alpha_hat,
+                           sync.draft_ms_per_token, sync.verify_ms, pipe.hit_rate))
+        log(f"      co-located {rows[-1].colocated_ms:.0f}, sync {sync.request_ms:.0f} (pred "
+            f"{sync.predicted_request_ms:.0f}), pipelined {pipe.request_ms:.0f} (pred {pipe.predicted_request_ms:.0f}) ms")
+    t_d, t_v = rows[0].draft_ms_per_token / 1e3, rows[0].verify_ms / 1e3
+    predicted_crossover = physics.pipelined_crossover_rtt_s(k, t_d, t_v, sum(r.hit_rate for r in rows) / len(rows))
+    capacity = []
+    for e in clients:
+        summary = (await run(f"capacity: {e} edge clients", [f"decode.mode=speculative", "spec.placement=edge",
+                                                             f"spec.rtt_ms={rtts[0]}", f"spec.clients={e}"])).dsd
+        capacity.append(CapacityRow(e, summary.aggregate_tok_s, summary.predicted_aggregate_tok_s, summary.server_busy))
+    colocated_rate = colocated.spec.measured_tok_s
+    best = max((c.aggregate_tok_s for c in capacity), default=None)
+    return DsdResult(args.scenario, colocated.shaper, k, args.tokens or TOKENS, tuple(rows), crossover(rows),
+                     predicted_crossover * 1e3, colocated_rate, tuple(capacity),
+                     best / colocated_rate if best else None, physics.capacity_multiplier(k, t_d, t_v))
+
+
+def tables(result: DsdResult) -> list[Table]:
+    latency = Table(title=f"{result.scenario}: one request of {result.tokens} tokens (K = {result.k}), ms, "
+                          f"measured / predicted ({result.shaper})")
+    for col in ("RTT ms", "co-located SD", "sync DSD", "pipelined DSD", "cloud AR", "alpha-hat", "t_d ms", "t_v ms",
+                "hit rate"):
+        latency.add_column(col, justify="right")
+    for r in result.dsd_rows:
+        latency.add_row(f"{r.rtt_ms:g}", f"{r.colocated_ms:.0f} / {r.colocated_predicted_ms:.0f}",
+                        f"{r.sync_ms:.0f} / {r.sync_predicted_ms:.0f}", f"{r.pipelined_ms:.0f} / "
+                        f"{r.pipelined_predicted_ms:.0f}", f"{r.autoregressive_ms:.0f} / "
+                        f"{r.autoregressive_predicted_ms:.0f}", f"{r.alpha_hat:.3f}" if r.alpha_hat is not None else "-",
+                        f"{r.draft_ms_per_token:.2f}", f"{r.verify_ms:.2f}", f"{r.hit_rate:.2f}")
+    measured = f"{result.crossover_rtt_ms:.1f} ms" if result.crossover_rtt_ms is not None else "not on the grid"
+    latency.caption = (f"pipelined DSD beats co-located SD below RTT {measured} measured, "
+                       f"{result.crossover_predicted_rtt_ms:.1f} ms predicted")
+    capacity = Table(title=f"Capacity: the server verifying only, edge clients drafting (co-located server: "
+                           f"{result.colocated_tok_s:.1f} tok/s)")
+    for col in ("clients", "aggregate tok/s", "predicted", "server busy"):
+        capacity.add_column(col, justify="right")
+    for c in result.capacity:
+        capacity.add_row(str(c.clients), f"{c.aggregate_tok_s:.1f}", f"{c.predicted_aggregate_tok_s:.1f}",
+                         f"{c.server_busy:.0%}")
+    if result.multiplier_measured is not None:
+        capacity.caption = (f"multiplier: {result.multiplier_measured:.2f} measured, 1 + K t_d / t_v = "
+                            f"{result.multiplier_predicted:.2f}")
+    return [latency, capacity]
+
+
+def parse_numbers(text: str, key: str, cast, low: float, high: float) -> list:
+    try:
+        values = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(low <= v <= high for v in values):
+        raise ConfigError(f"expected a comma-separated list within [{low:g}, {high:g}], got {text!r}", key=key)
+    return values
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    rtts = parse_numbers(args.rtts, "--rtts", float, 0.0, 10_000.0)
+    clients = parse_numbers(args.clients, "--clients", int, 1, 32) if args.clients else []
+    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
+    result = trio.run(measure, args, rtts, clients, lambda m: console.print(m, markup=False, highlight=False))
+    wide = console if console.width >= 140 else Console(width=140)
+    for table in tables(result):
+        wide.print(table)
+    path = Path(args.json or f"results/dsd-{Path(args.scenario).stem}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(result.to_json(indent=2) + "\n")
+    console.print(f"JSON: {path}")
+    return 0
