@@ -265,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     dsd.add_argument("--rtts", default=",".join(f"{r:g}" for r in (5, 10, 20, 50, 100, 200)),
                      help="edge round trips in ms (default 5,10,20,50,100,200)")
     dsd.add_argument("--clients", default="1,2,4,8", help="edge clients for the capacity table (default 1,2,4,8)")
+    dsd.add_argument("--jitters", default="0,5,20", help="edge-link jitter (ms, of the round trip) at the largest RTT, "
+                                                          "the referee's question (default 0,5,20)")
+    dsd.add_argument("--target-rate", type=float, help="per-client tok/s for the clients-sustained figure "
+                                                         "(default: half the co-located server's rate)")
     dsd.add_argument("--json", help="write the result here (default results/dsd-SCENARIO.json)")
     dsd.set_defaults(func=lambda a, c: __import__("testbed.edge", fromlist=["main"]).main(a, c), dilation=1.0)
 
@@ -294,6 +298,6 @@ def main(argv: list[str] | None = None) -> int:
         if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
             raise
         for e in leaves:
-            console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)  # the message quotes user input
+            console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)  # it quotes user input
         return 2 if all(isinstance(e, ConfigError) for e in leaves) else 1
 

@@ -39,7 +39,8 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,
                                           p_hit)
     prefills = [lap for lap in laps if lap.kind == "prefill"]
-    prefill = float(np.mean([lap.duration_s for lap in prefills])) if prefills else 0.0
+    # a prompt's lap and its wait behind other clients' laps at the entry (measured: the request's first part)
+    prefill = float(np.mean([lap.duration_s + lap.extra.get("queue_s", 0.0) for lap in prefills])) if prefills else 0.0
     n_rounds = float(np.mean([lap.extra["rounds"] for lap in requests])) if requests else float(len(rounds))
     request = float(np.mean([lap.duration_s for lap in requests])) if requests else 0.0
     predicted_request = spec.rtt_ms / 1e3 + prefill + n_rounds * predicted_round
@@ -48,9 +49,11 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     aggregate = sum(sum(lap.tokens for lap in rounds if lap.stream == c) /
                     sum(lap.duration_s for lap in rounds if lap.stream == c) for c in clients)
     span = max(max(lap.end for lap in rounds) - min(lap.start for lap in rounds), 1e-9)
-    busy = sum(lap.duration_s for lap in verifies if lap.kind == "verify") / span
-    predicted_aggregate = min(spec.clients * gamma / physics.dsd_round_s(
-        "pipelined" if spec.pipelined else "edge", k, draft, verify, rtt, p_hit), gamma / verify)
+    passes = {(lap.start, lap.end) for lap in verifies}  # a batched pass is one lap per client in it
+    busy = sum(end - start for start, end in passes) / span
+    batch = float(np.mean([lap.extra.get("batch", 1) for lap in verifies]))
+    # the clients' own cycle (their queueing at the entry included), or the saturated entry: b passes of Gamma per t_v
+    predicted_aggregate = min(spec.clients * gamma / predicted_round, batch * gamma / verify)
     overlaps = [lap.extra["overlap_sum"] for lap in verifies if "overlap_sum" in lap.extra]
     return DsdSummary(
         clients=spec.clients, pipelined=spec.pipelined, k=k, rtt_ms=spec.rtt_ms, rounds=len(rounds),
@@ -59,6 +62,6 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
         round_ms=float(np.mean([lap.duration_s for lap in rounds])) * 1e3, predicted_round_ms=predicted_round * 1e3,
         request_ms=request * 1e3, predicted_request_ms=predicted_request * 1e3,
         request_tokens=float(np.mean([lap.tokens for lap in requests])) if requests else 0.0,
-        aggregate_tok_s=aggregate, predicted_aggregate_tok_s=predicted_aggregate, server_busy=busy,
+        aggregate_tok_s=aggregate, predicted_aggregate_tok_s=predicted_aggregate, server_busy=busy, batch_mean=batch,
         bytes_up_per_round=up, bytes_down_per_round=down,
         error_pct=(request / predicted_request - 1) * 100 if request else 0.0)

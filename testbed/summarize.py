@@ -77,7 +77,8 @@ def summarize(log: RunLog) -> RunSummary:
     compute = log.mean_compute_s
     measured = log.measured_tok_s
     predicted = predict.predicted_tok_s(log)
-    hop_samples = [lap.hop_latencies_s() for lap in (decode or log.laps)]
+    # (an edge client's rounds carry no stamps: the entry's verify laps have the hops)
+    hop_samples = [lap.hop_latencies_s() for lap in ([lap for lap in decode if len(lap.stamps) > 1] or log.laps)]
     per_hop = []
     for i, link in enumerate(sc.ring):  # (a tensor-parallel lap has no hops: its stamp is rank 0's alone)
         samples = [hops[i] * 1e3 for hops in hop_samples if len(hops) > i]

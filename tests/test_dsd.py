@@ -135,3 +135,18 @@ def test_offloading_the_draft_multiplies_the_server_capacity():
     measured = dsd.aggregate_tok_s / colocated.spec.measured_tok_s
     predicted = physics.capacity_multiplier(K, dsd.draft_ms_per_token / 1e3, dsd.verify_ms / 1e3)
     assert measured == pytest.approx(predicted, rel=0.10)
+
+
+def test_the_window_where_dsd_beats_autoregressive_decoding():
+    # Gamma 3.25, t_ar 40 ms: (40 + RTT + 20) / 3.25 < 40 below RTT 70 ms; a 15 ms target closes the window
+    assert physics.dsd_beats_ar_below_rtt_s(3.25, 0.040, K, T_D, T_V) == pytest.approx(0.070)
+    assert physics.dsd_beats_ar_below_rtt_s(3.25, 0.015, K, T_D, T_V) < 0
+
+
+def test_a_bad_rtt_list_exits_2():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "testbed", "dsd", "edge-cloud", "--rtts", "5,x"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--rtts" in result.stdout

@@ -18,6 +18,7 @@ waited and accepted) and a "request" lap for the whole request; the entry report
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from agents.prompts import prompt_ids
 from agents.ring import LAP_TIMEOUT_S, RingClient
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, Stamp
 
 LAP_KINDS = ("verify", "prefill")
 
@@ -58,49 +59,93 @@ class VerifyServer:
             return await self.ring.side.receive()
         raise PeerTimeout(f"no frame from the edge clients within {LAP_TIMEOUT_S} s")
 
+    def queued(self) -> list[tuple[wire.Frame, float]]:
+        items = []
+        while True:
+            try:
+                items.append(self.ring.side.receive_nowait())
+            except trio.WouldBlock:
+                return items
+
+    def decider(self, c: int, frame: wire.Frame) -> Callable[[torch.Tensor], tuple[int, int]]:
+        """The exact rule on client c's round, given the target's logits over [last, drafts]."""
+        config, ids = self.config, frame.tensor.tolist()
+        rand = self.rand.setdefault(c, randoms(config.seed, c))
+        if frame.flags & wire.PROMPT:
+            return lambda logits: (0, sample(probabilities(logits[-1], config.temperature),
+                                             rand.generator(len(ids), PositionRandom.RESIDUAL)))
+        q = self.probs.pop(c, None)
+        drafts, base = ids[1:], frame.pos + 1
+        if q is None or q.shape != (len(drafts), self.ring.stage.model.config.vocab_size):
+            raise WireError(f"client {c}'s drafts came without their {len(drafts)} rows of probabilities")
+        qs = [exact_q(torch.from_numpy(row))[0] for row in q]
+
+        def decide(logits: torch.Tensor) -> tuple[int, int]:
+            p = [probabilities(row, config.temperature) for row in logits]
+            self.overlaps[c] = {"overlap_sum": sum(overlap(p[i], qs[i]) for i in range(len(drafts)))}
+            return verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
+
+        return decide
+
     async def run(self) -> int:
-        ring, config = self.ring, self.config
+        """Rounds in arrival order, one lap each; with decode.batching = "continuous" on a one-node cloud, every
+        round queued when the entry turns to its inbox is verified in one batched pass (StageConfig.cost_ms with
+        the batch: compute_ms + per_token_ms (b - 1))."""
+        ring = self.ring
         clients = {dst - ring.n_stages for dst in ring.peers if dst >= ring.n_stages}
+        batched = self.config.batching == "continuous" and ring.n_stages == 1
         served = 0
         while clients:
-            frame, recv = await self.receive()
-            c = frame.stream
-            if c not in clients or frame.tensor is None:
-                raise WireError(f"a {frame.kind.name} frame from unknown or finished client {c}")
-            if frame.kind == wire.Kind.PROBS:
-                self.probs[c] = frame.tensor
-                continue
-            if frame.flags & wire.BYE:
-                clients.discard(c)
-                continue
-            ids = frame.tensor.tolist()
-            rand = self.rand.setdefault(c, randoms(config.seed, c))
-            if frame.flags & wire.PROMPT:
-                first = lambda logits: sample(probabilities(logits[-1], config.temperature),  # noqa: E731
-                                              rand.generator(len(ids), PositionRandom.RESIDUAL))
-                verdict, record = await ring.lap(ids, 0, "prefill", lambda logits: (0, first(logits)), stream=c)
-            else:
-                q = self.probs.pop(c, None)
-                drafts, base = ids[1:], frame.pos + 1
-                if q is None or q.shape != (len(drafts), ring.stage.model.config.vocab_size):
-                    raise WireError(f"client {c}'s drafts came without their {len(drafts)} rows of probabilities")
-                qs = [exact_q(torch.from_numpy(row))[0] for row in q]
-
-                def decide(logits: torch.Tensor) -> tuple[int, int]:
-                    p = [probabilities(row, config.temperature) for row in logits]
-                    self.overlaps[c] = {"overlap_sum": sum(overlap(p[i], qs[i]) for i in range(len(drafts)))}
-                    return verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
-
-                verdict, record = await ring.lap(ids, frame.pos, "verify", decide, stream=c)
-                served += verdict[0] + 1
-            now = ring.clock.now()
-            reply = wire.Frame(wire.Kind.VERDICT, stream=c, lap=frame.lap, pos=frame.pos,
-                               tensor=np.array(verdict, np.int32))
-            await ring.send(ring.pass_through(reply, now), ring.n_stages + c)
-            extra = {"client": c, "queue_s": record.start - recv, "k": len(ids) - 1, **self.overlaps.pop(c, {})}
-            first = {"tokens": 1, "ids": (verdict[1],)} if frame.flags & wire.PROMPT else {}  # the client's first token
-            ring.report(dataclasses.replace(record, extra=extra, **first))
+            rounds = []
+            for frame, recv in [await self.receive()] + (self.queued() if batched else []):
+                c = frame.stream
+                if c not in clients or frame.tensor is None:
+                    raise WireError(f"a {frame.kind.name} frame from unknown or finished client {c}")
+                if frame.kind == wire.Kind.PROBS:
+                    self.probs[c] = frame.tensor
+                elif frame.flags & wire.BYE:
+                    clients.discard(c)
+                elif frame.flags & wire.PROMPT or not batched:
+                    kind = "prefill" if frame.flags & wire.PROMPT else "verify"
+                    verdict, record = await ring.lap(frame.tensor.tolist(), frame.pos, kind, self.decider(c, frame),
+                                                     stream=c)
+                    await self.reply(frame, recv, verdict, record)
+                    served += verdict[0] + 1
+                else:
+                    rounds.append((frame, recv, self.decider(frame.stream, frame)))
+            if rounds:
+                served += await self.verify_batch(rounds)
         return served
+
+    async def verify_batch(self, rounds: list) -> int:
+        """Several clients' rounds in one (emulated) batched forward pass of the one-node cloud; real numerics per client."""
+        ring, clock = self.ring, self.ring.clock
+        start = clock.now()
+        verdicts = []
+        with torch.inference_mode():
+            for frame, _, decide in rounds:
+                hidden = ring.stage.embed_and_run(frame.tensor.tolist(), frame.pos, frame.stream)
+                verdicts.append(decide(ring.stage.logits(hidden)))
+        real_end = clock.now()
+        b, n_tok = len(rounds), rounds[0][0].tensor.size
+        await clock.sleep_until(start + max(ring.cost_s(n_tok, b), ring.dilation * (real_end - start)))
+        end = clock.now()
+        for (frame, recv, _), verdict in zip(rounds, verdicts):
+            stamp = Stamp(0, start, start, real_end, end, end, batch=b)
+            record = LapRecord(ring.lap_no, "verify", ring.mode, n_tok, 0, start, end, (stamp,), end, stream=frame.stream)
+            ring.lap_no += 1
+            await self.reply(frame, recv, verdict, record)
+        return sum(v[0] + 1 for v in verdicts)
+
+    async def reply(self, frame: wire.Frame, recv: float, verdict: tuple[int, int], record: LapRecord) -> None:
+        """The verdict to the client, and the lap to the launcher (a prompt's: with the client's first token)."""
+        ring, c = self.ring, frame.stream
+        reply = wire.Frame(wire.Kind.VERDICT, stream=c, lap=frame.lap, pos=frame.pos, tensor=np.array(verdict, np.int32))
+        await ring.send(ring.pass_through(reply, ring.clock.now()), ring.n_stages + c)
+        extra = {"client": c, "queue_s": max(0.0, record.start - recv), "k": frame.tensor.size - 1,
+                 "batch": record.stamps[0].batch if record.stamps else 1, **self.overlaps.pop(c, {})}
+        first = {"tokens": 1, "ids": (verdict[1],)} if frame.flags & wire.PROMPT else {}
+        ring.report(dataclasses.replace(record, extra=extra, **first))
 
 
 class EdgeClient:

@@ -273,3 +273,10 @@ def capacity_multiplier(k: int, draft_s: float, verify_s: float) -> float:
     """Seed 002: a saturated server verifying only (the drafts offloaded to the clients) sustains
     (K t_d + t_v) / t_v = 1 + K t_d / t_v times the clients it sustains drafting and verifying, at the same rate."""
     return 1.0 + k * draft_s / verify_s
+
+
+def dsd_beats_ar_below_rtt_s(gamma_: float, ar_token_s: float, k: int, draft_s: float, verify_s: float) -> float:
+    """Seed 002's bounded window: synchronous DSD beats cloud autoregressive decoding (t_ar a token) per token,
+    (K t_d + RTT + t_v) / Gamma < t_ar, only below RTT = Gamma t_ar - K t_d - t_v (a window that closes for a fast
+    target, a low acceptance or a long draft). Negative: never."""
+    return gamma_ * ar_token_s - k * draft_s - verify_s

@@ -191,8 +191,9 @@ class DsdSummary(JsonRecord):
     predicted_request_ms: float
     request_tokens: float
     aggregate_tok_s: float  # every client's tokens over the stretch where all of them were decoding
-    predicted_aggregate_tok_s: float  # min(E Gamma / round, Gamma / t_v): the clients, or the saturated server
-    server_busy: float  # the entry's verify laps over that stretch
+    predicted_aggregate_tok_s: float  # min(E Gamma / round, b Gamma / t_v): the clients, or the saturated server
+    server_busy: float  # the entry's verify passes over the run's rounds
+    batch_mean: float  # clients' rounds per verify pass (decode.batching = "continuous" on a one-node cloud)
     bytes_up_per_round: int
     bytes_down_per_round: int
     error_pct: float  # request latency
