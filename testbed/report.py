@@ -1,5 +1,5 @@
 """`testbed report`: figures and markdown tables of measured vs predicted from JSON run summaries, regime maps,
-placement searches, PP-vs-TP sweeps, tree sweeps and codec tables."""
+placement searches, PP-vs-TP sweeps, tree sweeps, codec tables and DSD results."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Final
 from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary, SpecSummary
+from testbed.dsd_figures import SourcedDsd, dsd_markdown, parse_dsd, plot_dsd
 from testbed.figures import plot_spec, plot_streams, plot_ttft, plot_wall
 from testbed.placement_figures import (SourcedPlace, SourcedTp, parse_place, parse_tp, placement_markdown,
                                        plot_placement, plot_tp)
@@ -29,6 +30,7 @@ TTFT_FIGURE: Final = "fig4_ttft.png"
 PLACEMENT_FIGURE: Final = "fig5_placement.png"
 TP_FIGURE: Final = "fig6_tp.png"
 TREE_FIGURE: Final = "fig7_tree.png"
+DSD_FIGURE: Final = "fig8_dsd.png"
 REPORT_MD: Final = "report.md"
 DASH: Final = "–"
 
@@ -58,12 +60,8 @@ SPEC_FIGURES: Final[tuple[tuple[str, Callable[[SpecSummary], Any], float | None]
 )
 # What each regime's rows must carry besides measured and predicted (the figures read them).
 REGIME_ROW_FIGURES: Final[dict[str, tuple[str, ...]]] = {
-    "ttft": ("prompt_tokens", "rate_mbit"),
-    "streams": ("streams", "per_stream_tok_s", "per_stream_predicted_tok_s", "per_stream_min_tok_s",
-                "ceiling_tok_s"),
-    "decode": (),
-    "speculative": (),
-}
+    "ttft": ("prompt_tokens", "rate_mbit"), "decode": (), "speculative": (),
+    "streams": ("streams", "per_stream_tok_s", "per_stream_predicted_tok_s", "per_stream_min_tok_s", "ceiling_tok_s")}
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ class SourcedRegimes:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything a report reads, in given order: runs, regime maps, placements, PP-vs-TP, tree sweeps, codec rows."""
+    """Everything a report reads, in order: runs, regimes, placements, PP-vs-TP, tree sweeps, codecs, DSD results."""
 
     runs: list[SourcedSummary]
     regimes: list[SourcedRegimes]
@@ -92,6 +90,7 @@ class Inputs:
     tp: list[SourcedTp]
     trees: list[SourcedTree]
     codecs: list[SourcedCodec]
+    dsds: list[SourcedDsd]
 
 
 # ---------------------------------------------------------------- loading and validation
@@ -170,7 +169,7 @@ def parse_regimes(data: dict, source: str) -> SourcedRegimes:
 # (the key that tells a JSON object apart, the Inputs list it joins, its parser), the first key found winning.
 PARSERS: Final = (("rows", "regimes", parse_regimes), ("placements", "placements", parse_place),
                   ("tp_rows", "tp", parse_tp), ("tree_rows", "trees", parse_tree),
-                  ("greedy_agreement", "codecs", parse_codec))
+                  ("greedy_agreement", "codecs", parse_codec), ("dsd_rows", "dsds", parse_dsd))
 
 
 def _parse(data: Any, source: str, inputs: Inputs) -> None:
@@ -192,9 +191,9 @@ def _json_files(path: Path) -> list[Path]:
 
 
 def load_inputs(paths: Iterable[str | Path]) -> Inputs:
-    """Every run summary, regime map, placement search, PP-vs-TP sweep, tree sweep and codec row in `paths` (files
-    holding one object or a list, e.g. a sweep or a codec table, or directories of them)."""
-    loaded = Inputs([], [], [], [], [], [])
+    """Every run summary, regime map, placement search, PP-vs-TP sweep, tree sweep, codec row and DSD result in
+    `paths` (files holding one object or a list, e.g. a sweep or a codec table, or directories of them)."""
+    loaded = Inputs([], [], [], [], [], [], [])
     for path in paths:
         for file in _json_files(Path(path)):
             try:
@@ -295,17 +294,17 @@ def _regime_rows(maps: Sequence[SourcedRegimes]) -> list[str]:
 
 def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
     """report.md: the figures, then measured vs predicted per run, per speculative run, per K of a sweep, every
-    point of every regime map, every placement, PP-vs-TP and tree-sweep point, and every codec row."""
+    point of every regime map, every placement, PP-vs-TP and tree-sweep point, every codec row and DSD table."""
     runs = inputs.runs
     lines = [
-        "# geo-ring report",
-        "",
+        "# geo-ring report", "",
         f"{len(runs)} run summaries, {len(inputs.regimes)} regime maps, {len(inputs.placements)} placement "
         f"searches, {len(inputs.tp)} PP-vs-TP sweeps, {len(inputs.trees)} tree sweeps, {len(inputs.codecs)} "
-        "codec rows. Predicted = each run's own prediction: r = 1/(C + T_ring) with the configured T_ring and the "
-        "measured C; for speculation r_spec = Γ / (K c_d + C + T_ring) with the measured Γ and draft time (Γ "
-        "predicted = Γ(α̂, K) from the measured acceptance α̂); for M streams physics.streams_rates; for TTFT "
-        "C_prefill + T_ring + the prompt's serialization. Error = (measured - predicted) / predicted.",
+        f"codec rows, {len(inputs.dsds)} DSD results. Predicted = each run's own prediction: r = 1/(C + T_ring) "
+        "with the configured T_ring and the measured C; for speculation r_spec = Γ / (K c_d + C + T_ring) with the "
+        "measured Γ and draft time (Γ predicted = Γ(α̂, K) from the measured acceptance α̂); for M streams "
+        "physics.streams_rates; for TTFT C_prefill + T_ring + the prompt's serialization. Error = (measured - "
+        "predicted) / predicted.",
         "",
         *(f"![{Path(name).stem}]({name})" for name in figures),
     ]
@@ -321,7 +320,7 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
         lines += ["", "## Regimes", "", *_regime_rows(inputs.regimes)]
     if inputs.placements or inputs.tp:
         lines += ["", "## Placement", "", *placement_markdown(inputs.placements, inputs.tp)]
-    lines += tree_markdown(inputs.trees, inputs.codecs)
+    lines += tree_markdown(inputs.trees, inputs.codecs) + dsd_markdown(inputs.dsds)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -331,11 +330,11 @@ def render_markdown(inputs: Inputs, figures: Sequence[str]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="testbed report",
-        description="Figures (fig1_wall.png .. fig7_tree.png) and report.md of measured vs predicted from run "
-                    "summaries, regime maps, placement searches, PP-vs-TP and tree sweeps, codec tables.")
+        description="Figures (fig1_wall.png .. fig8_dsd.png) and report.md of measured vs predicted from run "
+                    "summaries, regime maps, placement searches, PP-vs-TP and tree sweeps, codec tables, DSD results.")
     parser.add_argument("results", nargs="+", metavar="RESULTS",
-                        help="JSON run summaries or `testbed regimes`, `place`, `tp`, `sweep --tree-n` or `codecs` "
-                             "--json results (one object or a list per file) or directories of *.json")
+                        help="JSON run summaries or `testbed regimes`, `place`, `tp`, `sweep --tree-n`, `codecs` "
+                             "or `dsd` --json results (one object or a list per file) or directories of *.json")
     parser.add_argument("--out", default=DEFAULT_OUT_DIR, metavar="DIR",
                         help=f"output directory (default: {DEFAULT_OUT_DIR})")
     return parser
@@ -353,7 +352,8 @@ def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
              (TTFT_FIGURE, plot_ttft, results, any(row.regime == "ttft" for row in rows)),
              (PLACEMENT_FIGURE, plot_placement, [item.result for item in inputs.placements], bool(inputs.placements)),
              (TP_FIGURE, plot_tp, [item.result for item in inputs.tp], bool(inputs.tp)),
-             (TREE_FIGURE, plot_tree, [item.result for item in inputs.trees], bool(inputs.trees)))
+             (TREE_FIGURE, plot_tree, [item.result for item in inputs.trees], bool(inputs.trees)),
+             (DSD_FIGURE, plot_dsd, [item.result for item in inputs.dsds], bool(inputs.dsds)))
     written: list[Path] = []
     for name, plot, data, needed in plans:
         if needed:
@@ -374,7 +374,8 @@ def main(argv: list[str]) -> int:
     `fig3_streams.png` (rate vs M per batching) and `fig4_ttft.png` (TTFT vs prompt tokens per link rate); from
     `place --json` ("placements") `fig5_placement.png`; from `tp --json` ("tp_rows") `fig6_tp.png` (per-token
     latency vs link latency, Eq. 8's bound); from `sweep --tree-n --json` ("tree_rows") `fig7_tree.png` (L(n), its
-    fit, tok/s vs n, W*); `codecs --json` rows ("greedy_agreement") are tabled. "Predicted" is each run's own.
+    fit, tok/s vs n, W*); `codecs --json` rows ("greedy_agreement") are tabled; from `dsd --json` ("dsd_rows")
+    `fig8_dsd.png` (request latency vs edge RTT, capacity vs clients). "Predicted" is each run's own.
     """
     parser = build_parser()
     try:
@@ -391,8 +392,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"testbed report: error: cannot write into {args.out}: {exc}", file=sys.stderr)
         return 1
-    for path in written:
-        print(path)
+    print(*written, sep="\n")
     return 0
 
 

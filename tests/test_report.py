@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed import figures, placement_figures, report, tree_figures
+from testbed import dsd_figures, figures, placement_figures, report, tree_figures
 from testbed.codecs import CodecRow
 from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
+from testbed.edge import CapacityRow, DsdResult, DsdRow, JitterRow, crossover
 from testbed.parallel import TpResult, TpRow
 from testbed.place import Placement, PlaceResult
 from testbed.tree_sweep import TreeFit, TreeRow, TreeSweep
@@ -443,7 +444,7 @@ def test_report_from_tree_and_codec_results_draws_fig7_and_tables_every_row(tmp_
     assert sorted(path.name for path in out.glob("*.png")) == ["fig7_tree.png"]
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "![fig7_tree](fig7_tree.png)" in markdown
-    assert "0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows." in markdown
+    assert "0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows, 0 DSD results." in markdown
     assert markdown.index("## Tree speculation") < markdown.index("## Wire codecs")
     section = markdown.split("## Tree speculation")[1].split("## Wire codecs")[0]
     assert "tree.json: small, best-first policy, T_ring 80.0 ms, shaper userspace." in section
@@ -545,5 +546,134 @@ def test_bad_codec_row_exits_2_naming_file_row_and_field(tmp_path, capsys, index
     assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{bad}[{index}]: {expected}" in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+# ---------------------------------------------------------------- speculation at a distance (`dsd --json`)
+
+DSD_RTTS = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
+
+
+def dsd_result() -> DsdResult:
+    """What `dsd edge-cloud --rtts 5,10,20,50,100,200 --clients 1,2,4,8 --jitters 0,20 --json F` writes, the rows
+    as measured (by RTT), the batched capacity row last."""
+    def row(rtt):
+        return DsdRow(rtt, 740.0 + rtt, 738.0 + rtt, 750.0 + 10 * rtt, 745.0 + 10 * rtt, 700.0 + 4 * rtt,
+                      702.0 + 4 * rtt, 800.0 + rtt, 798.0 + rtt, 0.79, 10.4, 20.9, 0.42)
+
+    rows = tuple(row(rtt) for rtt in DSD_RTTS)
+    capacity = tuple(CapacityRow(e, "none", 48.9 * min(e, 3), 52.6 * min(e, 3), min(0.3 * e, 0.9), 1.0, 20.4,
+                                 48.9 * min(e, 3) / e) for e in (1, 2, 4, 8))
+    capacity += (CapacityRow(8, "continuous", 307.6, 331.4, 0.77, 3.02, 24.4, 38.4),)
+    jitter = (JitterRow(200.0, 0.0, 2791.7, 2757.2, 1.25, 0.79, 10.1, 20.5, 264.1),
+              JitterRow(200.0, 20.0, 2936.4, 2753.8, 6.63, None, 10.1, 20.5, 273.6))
+    return DsdResult("edge-cloud", "userspace", 4, 40, rows, crossover(list(rows)), 14.2,
+                     crossover(list(rows), "sync", "autoregressive"), 6.1, 54.1, capacity, 146.7 / 54.1, 2.99, jitter,
+                     27.0, 2, 2)
+
+
+DSD_DICT = dsd_result().to_dict()
+
+
+def test_report_from_a_dsd_result_draws_fig8_and_tables_every_row(tmp_path):
+    dsd_file = write(tmp_path / "dsd.json", DSD_DICT)
+    out = tmp_path / "out"
+    assert report.main([str(dsd_file), "--out", str(out)]) == 0
+
+    assert_png(out / "fig8_dsd.png")
+    assert sorted(path.name for path in out.glob("*.png")) == ["fig8_dsd.png"]
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "![fig8_dsd](fig8_dsd.png)" in markdown and "0 codec rows, 1 DSD results." in markdown
+    section = markdown.split("## Speculation at a distance")[1]
+    assert "dsd.json: edge-cloud, K = 4, 40 tokens a request, shaper userspace." in section
+    table = [line for line in section.splitlines() if line.startswith(f"| {dsd_file} |")]
+    latency, capacity, jitter = table[:6], table[6:11], table[11:]
+    assert [line.split(" | ")[1] for line in latency] == ["5", "10", "20", "50", "100", "200"]
+    assert latency[2] == cells(str(dsd_file), "20", "760 / 758", "950 / 945", "780 / 782", "820 / 818", "0.790",
+                               "10.40", "20.90", "0.42")
+    crossovers = dsd_result().crossover_rtt_ms, dsd_result().ar_crossover_rtt_ms
+    assert (f"- crossover RTT (measured / predicted): pipelined DSD beats co-located SD below {crossovers[0]:.1f} ms "
+            f"/ 14.2 ms; synchronous DSD beats cloud AR below {crossovers[1]:.1f} ms / 6.1 ms\n") in section
+    assert [line.split(" | ")[1:3] for line in capacity] == [["1", "none"], ["2", "none"], ["4", "none"],
+                                                             ["8", "none"], ["8", "continuous"]]
+    assert capacity[3] == cells(str(dsd_file), "8", "none", "146.7 / 157.8", "18.3", "90%", "1.00", "20.4")
+    assert capacity[4] == cells(str(dsd_file), "8", "continuous", "307.6 / 331.4", "38.4", "77%", "3.02", "24.4")
+    assert "(co-located server: 54.1 tok/s)" in section
+    assert "- multiplier: 2.71 measured (the most clients without batching over the co-located server), " \
+           "1 + K t_d / t_v = 2.99 predicted\n" in section
+    assert "- clients sustained at 27.0 tok/s a client: 2 with the server drafting for them, 2 with the drafts " \
+           "offloaded (of those measured)" in section
+    assert jitter == [cells(str(dsd_file), "200", "0", "2792 / 2757", "+1.2", "264.1", "0.790", "10.10", "20.50"),
+                      cells(str(dsd_file), "200", "20", "2936 / 2754", "+6.6", "273.6", "–", "10.10", "20.50")]
+
+
+def test_a_dsd_result_with_nulls_and_no_capacity_or_jitter_runs_reports_with_other_inputs(tmp_path):
+    result = dsd_result()
+    bare = replace(result, dsd_rows=(replace(result.dsd_rows[0], rtt_ms=0.0, alpha_hat=None),), capacity=(),
+                   jitter=(), crossover_rtt_ms=None, crossover_predicted_rtt_ms=0.0, ar_crossover_rtt_ms=None,
+                   ar_crossover_predicted_rtt_ms=-12.5, multiplier_measured=None, clients_offloaded=0)
+    mixed = write(tmp_path / "mixed.json", [TREE_DICT, bare.to_dict(), DSD_DICT])
+    inputs = report.load_inputs([mixed])
+    assert [item.source for item in inputs.dsds] == [f"{mixed}[1]", f"{mixed}[2]"]
+    assert [item.result for item in inputs.dsds] == [bare, result] and len(inputs.trees) == 1
+    out = tmp_path / "out"
+    assert report.main([str(mixed), "--out", str(out)]) == 0
+    for name in ("fig7_tree.png", "fig8_dsd.png"):
+        assert_png(out / name)
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert markdown.index("## Tree speculation") < markdown.index("## Speculation at a distance")
+    section = markdown.split(f"{mixed}[2]: edge-cloud")[0].split("## Speculation at a distance")[1]
+    assert markdown_row(section, f"{mixed}[1]") == cells(f"{mixed}[1]", "0", "745 / 743", "800 / 795", "720 / 722",
+                                                         "805 / 803", "–", "10.40", "20.90", "0.42")
+    assert ("pipelined DSD beats co-located SD below not on the grid / never (0.0 ms); synchronous DSD beats cloud "
+            "AR below not on the grid / never (-12.5 ms)") in section
+    assert f"{mixed}[1]: no capacity runs (`dsd --clients`)." in section and "jitter (ms)" not in section
+    assert markdown.count("| jitter (ms) |") == 1  # the full result's only
+
+
+def test_capacity_series_puts_no_batching_first_each_by_clients_and_fig8_draws_several_results(tmp_path):
+    result = dsd_result()
+    shuffled = replace(result, capacity=tuple(reversed(result.capacity)))
+    series = dsd_figures.capacity_series(shuffled)
+    assert list(series) == ["none", "continuous"]
+    assert [row.clients for row in series["none"]] == [1, 2, 4, 8]
+    assert [row.rtt_ms for row in dsd_figures.dsd_series(replace(result, dsd_rows=result.dsd_rows[::-1]))] == \
+        list(DSD_RTTS)
+    one = replace(result, scenario="edge-far", dsd_rows=result.dsd_rows[:1], capacity=(), crossover_rtt_ms=None)
+    dsd_figures.plot_dsd([result, one], tmp_path / "fig8.png")
+    assert_png(tmp_path / "fig8.png")
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (changed(DSD_DICT, "dsd_rows", 2, sync_ms=0.0), "dsd_rows[2].sync_ms: expected a number > 0, got 0.0"),
+    (changed(DSD_DICT, "dsd_rows", 0, rtt_ms=-5.0), "dsd_rows[0].rtt_ms: expected a number >= 0, got -5.0"),
+    (changed(DSD_DICT, "dsd_rows", 1, hit_rate=1.6), "dsd_rows[1].hit_rate: expected a number <= 1.5, got 1.6"),
+    (changed(DSD_DICT, "dsd_rows", 3, pipelined_predicted_ms=None),
+     "dsd_rows[3].pipelined_predicted_ms: expected a number, got null"),
+    (changed(DSD_DICT, "dsd_rows", 4, alpha_hat="high"), "dsd_rows[4].alpha_hat: expected a finite number, got 'high'"),
+    (changed(DSD_DICT, "dsd_rows", 5, verify_ms="drop"),
+     "not a DSD result: DsdResult.dsd_rows[5]: missing field(s) verify_ms"),
+    (changed(DSD_DICT, "capacity", 4, batching="greedy"),
+     "capacity[4].batching: expected one of none, continuous, got 'greedy'"),
+    (changed(DSD_DICT, "capacity", 1, server_busy=2.0), "capacity[1].server_busy: expected a number <= 1.5, got 2.0"),
+    (changed(DSD_DICT, "capacity", 0, aggregate_tok_s=-1.0),
+     "capacity[0].aggregate_tok_s: expected a number >= 0, got -1.0"),
+    (changed(DSD_DICT, "capacity", 2, clients=0), "capacity[2].clients: expected an integer >= 1, got 0"),
+    (changed(DSD_DICT, "jitter", 1, predicted_request_ms=0), "jitter[1].predicted_request_ms: expected a number > 0"),
+    (changed(DSD_DICT, "jitter", 0, error_pct=None), "jitter[0].error_pct: expected a number, got null"),
+    ({**DSD_DICT, "colocated_tok_s": -54.1}, "colocated_tok_s: expected a number >= 0, got -54.1"),
+    ({**DSD_DICT, "crossover_predicted_rtt_ms": None}, "crossover_predicted_rtt_ms: expected a number, got null"),
+    ({**DSD_DICT, "multiplier_measured": "x3"}, "multiplier_measured: expected a finite number, got 'x3'"),
+    ({**DSD_DICT, "k": 0}, "k: expected an integer >= 1, got 0"),
+    ({**DSD_DICT, "clients_offloaded": 1.5}, "clients_offloaded: expected an integer >= 0, got 1.5"),
+    ({**DSD_DICT, "dsd_rows": []}, "dsd_rows: expected at least one row"),
+    ({**DSD_DICT, "capacity": None}, "capacity: expected a list of rows, got None"),
+])
+def test_bad_dsd_input_exits_2_naming_file_and_field(tmp_path, capsys, content, expected):
+    bad = write(tmp_path / "bad_dsd.json", content)
+    assert report.main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and expected in err, err
     assert "Traceback" not in err
     assert not (tmp_path / "out" / "report.md").exists()

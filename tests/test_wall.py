@@ -1,13 +1,18 @@
 """Regression: real rings on loopback measure the wall r = 1/(C + T_ring) (time-scaled hop latencies).
 
 Predicted = 1/(C + T_ring) with C measured from the stage stamps and T_ring as configured. The rings run
-time-dilated x10 (testbed.dilation): the box's fixed costs shrink ten times in scenario time. Two checks:
+time-dilated x5 (testbed.dilation): the box's fixed costs shrink five times in scenario time. Two checks:
 
 - across rings, the measured lap time grows one for one with the configured T_ring: the fitted slope of
   (lap - C) against T_ring is 1 within 3% (a constant testbed overhead cancels out of the slope);
 - each ring's measured rate is within the testbed's overhead budget (tests/ringutil.py) divided by the
-  dilation of the formula (0.5-1.1% here), and each hop's measured one-way latency is within the per-hop
-  budget divided by the dilation (0.2 ms) of its configuration.
+  dilation of the formula (0.8-1.8% here), and each hop's measured one-way latency is within the per-hop
+  budget divided by the dilation (0.4 ms) of its configuration.
+
+The budget is the box's milliseconds and each tolerance divides it by the dilated lap, so the share of a
+tolerance that the box's overhead uses does not depend on D: x5 rather than x10 halves the run (laps and
+self-check probes) at the same margins; the slope (a fixed 3%) stays within 1% at x5. The 8 tokens keep
+each hop's median over 7 decode laps, so one slow lap does not move it.
 """
 
 import numpy as np
@@ -21,7 +26,7 @@ pytestmark = pytest.mark.slow
 RINGS = [[0.0, 0.0, 0.0], [5.0, 3.0, 8.0], [20.0, 15.0, 25.0], [40.0, 35.0, 45.0]]  # T_ring 0, 16, 60, 120 ms
 STAGE_COMPUTE_MS = 30.0  # C = 90 ms: long enough that the ~5 ms/lap testbed overhead is a few percent
 SLOPE_TOLERANCE = 0.03
-DILATION = 10.0
+DILATION = 5.0
 TOKENS = 8
 
 
