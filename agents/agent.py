@@ -59,6 +59,7 @@ class AgentSpec(JsonRecord):
     head_on_last: bool = False  # placement.head = "last": this last stage also samples and returns the token id
     tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
     spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
+    lap_timeout_s: float = 120.0  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
                       kv_ship=spec.kv_ship, tp=spec.tp)
+    ring.lap_timeout_s = spec.lap_timeout_s
     if spec.head_on_last:
         from agents.head import last_stage_head
 

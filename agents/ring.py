@@ -64,6 +64,7 @@ class RingClient:
         self.side_send, self.side = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES * 4)
         self.peers: dict[int, trio.SocketStream] = {}
         self.lap_no = 0
+        self.lap_timeout_s = LAP_TIMEOUT_S
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
         # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
         self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
@@ -107,6 +108,8 @@ class RingClient:
             await trio.aclose_forcefully(stream)
 
     def inbox_for(self, frame: wire.Frame) -> trio.MemorySendChannel:
+        if frame.kind in wire.SIDE_KINDS and self.index != 0:  # only the entry hears edge clients (agents.modes.dsd)
+            raise WireError(f"a {frame.kind.name} frame at stage {self.index}: edge clients talk to the entry")
         return self.side_send if frame.kind in wire.SIDE_KINDS else self.inbox_send
 
     async def dial(self, peers: dict[int, Address]) -> None:
@@ -149,10 +152,11 @@ class RingClient:
 
     async def receive(self) -> tuple[wire.Frame, float]:
         try:
-            with trio.fail_after(LAP_TIMEOUT_S):
+            with trio.fail_after(self.lap_timeout_s):
                 return await self.inbox.receive()
         except trio.TooSlowError as exc:
-            raise PeerTimeout(f"no frame from upstream within {LAP_TIMEOUT_S} s") from exc
+            raise PeerTimeout(f"stage {self.index}: no frame from upstream within {self.lap_timeout_s:g} s "
+                              f"(box time)") from exc
 
     async def send_burst(self, frames: list[wire.Frame], dst: int | None = None) -> list[int]:
         """Several frames in one write, each flagged with how many follow (a continuous batch moving on together)."""

@@ -257,6 +257,26 @@ def _table_blocks(summary: RunSummary | None, width: int, wide: bool) -> list[Re
     return list(tables)
 
 
+SCHEDULE_SHOWN = 4  # events around now on the schedule line
+
+
+def schedule_line(summary: RunSummary | None, width: int) -> Text | None:
+    """The link schedule: the last events that happened (marked) and the next ones, with the run's clock."""
+    if summary is None or not summary.schedule:
+        return None
+    done = [e for e in summary.schedule if e[2]]
+    shown = (done[-(SCHEDULE_SHOWN // 2):] + [e for e in summary.schedule if not e[2]])[:SCHEDULE_SHOWN]
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append("schedule ", style="bold magenta")
+    if summary.schedule_elapsed_s is not None:
+        line.append(f"t={summary.schedule_elapsed_s:.1f}s ", style="dim")
+    for at_s, what, happened in shown:
+        line.append(f"{'*' if happened else ' '}{at_s:g}s {what}  ", style="bold" if happened else "dim")
+    line.append(f"({len(done)}/{len(summary.schedule)} done)", style="dim")
+    line.truncate(width)
+    return line
+
+
 def render(summary: RunSummary | None, width: int = 80, height: int = 24) -> RenderableType:
     """The whole dashboard for a `width` x `height` terminal; drops sections (plot first) when small.
 
@@ -272,7 +292,7 @@ def render(summary: RunSummary | None, width: int = 80, height: int = 24) -> Ren
         top = _title_bar(summary, width)
     candidates: list[tuple[int, RenderableType | None]] = [
         (ORDER_HEADER, top), (ORDER_RATE, rate_line(summary, width)), (ORDER_SPEC, spec_line(summary, wide)),
-        (ORDER_STREAMS, streams_line(summary, wide)),
+        (ORDER_STREAMS, streams_line(summary, wide)), (ORDER_SPEC, schedule_line(summary, width)),
         *((ORDER_TABLES + i, block) for i, block in enumerate(_table_blocks(summary, width, wide))),
         (ORDER_SPARKLINE, sparkline(summary, width)),
     ]

@@ -21,6 +21,9 @@ class ShaperOptions:
     """
 
     loss_rto_ms: float = DEFAULT_LOSS_RTO_MS
+    # testbed.schedule.LinkEvent objects (src, dst, at_s, to_dict(), describe()): the links' changes over time,
+    # counted from the origin start_schedule is given
+    schedule: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.loss_rto_ms, (int, float)) or isinstance(self.loss_rto_ms, bool) \
@@ -77,6 +80,16 @@ class Shaper(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Tear everything down. Idempotent; must not raise for things already gone."""
+
+    @property
+    def schedule(self) -> tuple:
+        return self.options.schedule
+
+    async def start_schedule(self, origin: float) -> None:
+        """The run starts now (`origin`, on the box's monotonic clock): apply the schedule's changes from here on."""
+        if self.schedule:
+            raise ShapingError(f"the {self.name} backend cannot change links during a run yet; link schedules "
+                               f"run on the userspace relay (--shaper userspace)")
 
     def describe(self) -> dict:
         """Facts for the JSON summary (backend-specific extras welcome)."""

@@ -59,19 +59,44 @@ class LinkTiming:
     rto_s: float = DEFAULT_RTO_MS / 1e3
     seed: int = 0
 
+    events: tuple[dict, ...] = ()  # testbed.schedule.LinkEvent fields, by at_s: applied once `origin` is set
+    origin: float | None = None  # the clock's time the schedule counts from (the launcher sends it at run start)
+
     def __post_init__(self) -> None:
         if self.delay_s < 0 or self.jitter_s < 0 or not 0 <= self.loss <= 1 or self.rate_bytes_s <= 0:
             raise ShapingError(f"invalid link timing {self}")
         self._rng = random.Random(self.seed)
         self._next_free = -math.inf
         self._last_deadline = -math.inf
+        self._pending = sorted(self.events, key=lambda e: e["at_s"])
+        self._up_at = -math.inf  # a partition: nothing leaves before this
 
     @classmethod
-    def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS) -> "LinkTiming":
+    def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS, events: tuple[dict, ...] = ()) -> "LinkTiming":
         rate = link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf
-        return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed)
+        return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed,
+                   events)
+
+    def _apply(self, arrival: float) -> None:
+        """Swap in every scheduled change due by `arrival` (a moving network: testbed.schedule)."""
+        while self._pending and self.origin is not None and self.origin + self._pending[0]["at_s"] <= arrival:
+            event = self._pending.pop(0)
+            at = self.origin + event["at_s"]
+            if event.get("down_s"):
+                self._up_at = max(self._up_at, at + event["down_s"])
+                continue
+            if event.get("delay_ms") is not None:
+                self.delay_s = event["delay_ms"] / 1e3
+            if event.get("jitter_ms") is not None:
+                self.jitter_s = event["jitter_ms"] / 1e3
+            if event.get("loss_pct") is not None:
+                self.loss = event["loss_pct"] / 100
+            if event.get("rate_mbit") is not None:
+                self.rate_bytes_s = event["rate_mbit"] * 1e6 / 8 if event["rate_mbit"] > 0 else math.inf
 
     def deadline(self, arrival: float, n_bytes: int) -> float:
+        self._apply(arrival)
+        arrival = max(arrival, self._up_at)  # the link is down: held until it is back, then sent in order
         start = max(arrival, self._next_free)
         self._next_free = start + n_bytes / self.rate_bytes_s
         propagation = self.delay_s
@@ -187,7 +212,11 @@ async def relay(upstream: trio.abc.Stream, downstream: trio.abc.Stream, timing: 
         await trio.aclose_forcefully(downstream)
 
 
-async def serve_link(link: LinkSpec, target: Address, rto_ms: float, *,
+TIMINGS: list[LinkTiming] = []  # every link's timing in this relay process: the schedule's origin goes to each
+ORIGIN: list[float | None] = [None]  # the schedule's origin once known (a connection made later starts with it)
+
+
+async def serve_link(link: LinkSpec, target: Address, rto_ms: float, events: tuple[dict, ...] = (), *,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Listen on 127.0.0.1:0 for link.src; relay each connection to `target`. Reports the bound port."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -203,7 +232,10 @@ async def serve_link(link: LinkSpec, target: Address, rto_ms: float, *,
             return
         for stream in (upstream, downstream):
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
-        await relay(upstream, downstream, LinkTiming.from_spec(link, rto_ms))
+        timing = LinkTiming.from_spec(link, rto_ms, events)
+        timing.origin = ORIGIN[0]
+        TIMINGS.append(timing)
+        await relay(upstream, downstream, timing)
 
     async with trio.open_nursery() as nursery:
         task_status.started(port)
@@ -223,12 +255,16 @@ async def relay_process_main() -> None:
         ports = {}
         for item in request["links"]:
             link = LinkSpec(**item["link"])
-            ports[link.name] = await nursery.start(serve_link, link, tuple(item["target"]), rto_ms)
+            ports[link.name] = await nursery.start(serve_link, link, tuple(item["target"]), rto_ms,
+                                                   tuple(item.get("events", ())))
         sys.stdout.buffer.write(encode_line({"ports": ports}))
         sys.stdout.flush()
-        # The launcher closes our stdin (or dies) when the run ends.
-        while await lines.receive_line() is not None:
-            pass
+        # {"origin": t}: the schedule starts (Shaper.start_schedule); the launcher closes our stdin when the run ends.
+        while (line := await lines.receive_json()) is not None:
+            if "origin" in line:
+                ORIGIN[0] = float(line["origin"])
+                for timing in TIMINGS:
+                    timing.origin = ORIGIN[0]
         nursery.cancel_scope.cancel()
 
 
@@ -250,7 +286,9 @@ class UserspaceShaper(Shaper):
         if not self.links:
             return {}
         request = {"rto_ms": self.options.loss_rto_ms,
-                   "links": [{"link": vars(link), "target": list(listen[link.dst])} for link in self.links]}
+                   "links": [{"link": vars(link), "target": list(listen[link.dst]),
+                              "events": [e.to_dict() for e in self.schedule if (e.src, e.dst) == (link.src, link.dst)]}
+                             for link in self.links]}
         self._process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             process_group=0)  # own process group: Ctrl-C reaches the launcher only, which stops us
@@ -268,7 +306,12 @@ class UserspaceShaper(Shaper):
 
     def plan_lines(self) -> list[str]:
         return [f"relay {link.name}: {describe_timing(link, self.options.loss_rto_ms)}"
-                for link in sorted(self.links, key=lambda l: (l.src, l.dst))]
+                for link in sorted(self.links, key=lambda l: (l.src, l.dst))] + [
+            f"schedule at {e.at_s:g} s: {e.describe()}" for e in self.schedule]
+
+    async def start_schedule(self, origin: float) -> None:
+        if self.schedule and self._process is not None and self._process.stdin is not None:
+            await self._process.stdin.send_all(encode_line({"origin": origin}))
 
     async def aclose(self) -> None:
         process, self._process = self._process, None

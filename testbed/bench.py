@@ -317,6 +317,8 @@ def main(args: argparse.Namespace, console: Console) -> int:
     from testbed.bench_scale import scale_table
 
     figures["scale"] = scale_table(console, quick)
+    from testbed.soak import soak_line
+    figures["soak"] = soak_line(console, quick)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0

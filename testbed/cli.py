@@ -1,4 +1,4 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,dsd,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,dsd,faults,report,clean,scenarios}; a thin layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -271,6 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(default: half the co-located server's rate)")
     dsd.add_argument("--json", help="write the result here (default results/dsd-SCENARIO.json)")
     dsd.set_defaults(func=lambda a, c: __import__("testbed.edge", fromlist=["main"]).main(a, c), dilation=1.0)
+
+    faults = sub.add_parser("faults", help="jitter and loss on every link: mean and p99 lap measured vs the model, "
+                                           "and the output against the clean run")
+    add_run_options(faults)
+    faults.add_argument("--jitters", default="0,1,5,20", help="jitter per link, ms (default 0,1,5,20)")
+    faults.add_argument("--losses", default="0,0.1,1,5", help="loss per link, %% (default 0,0.1,1,5)")
+    faults.add_argument("--json", help="write the rows here (default results/faults-SCENARIO.json)")
+    faults.set_defaults(func=lambda a, c: __import__("testbed.faults", fromlist=["main"]).main(a, c), dilation=1.0)
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)

@@ -17,6 +17,7 @@ from testbed.placement_rules import tensor_parallel as _tensor_parallel
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 from testbed.regions import RegionMatrix, parse_regions as _regions
+from testbed.schedule import LinkEvent, parse_schedule
 from testbed.validate import check_keys as _check_keys
 from testbed.validate import number as _number
 from testbed.validate import string as _string
@@ -59,6 +60,8 @@ class Scenario:
     parallel: str = "pp"  # "pp": each stage a slice of the layers; "tp": every agent a slice of every layer
     tp: TPConfig = TPConfig()
     spec: SpecConfig = SpecConfig()  # where the draft runs; "edge": spec.clients agents after the stages
+    schedule: tuple[LinkEvent, ...] = ()  # [[network.schedule]]: links changing over time (testbed.schedule)
+    lap_timeout_s: float = 120.0  # a frame not back within this long means a peer or a link is gone
 
     @property
     def n_agents(self) -> int:
@@ -102,7 +105,9 @@ class Scenario:
         stages = tuple(replace(stage, compute_ms=stage.compute_ms * factor, per_token_ms=stage.per_token_ms * factor,
                                prefill_ms_per_token=stage.prefill_ms_per_token * factor) for stage in self.stages)
         decode = replace(self.decode, draft_ms=self.decode.draft_ms * factor)
-        return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor)
+        return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor,
+                       schedule=tuple(e.scaled(factor, rates=True) for e in self.schedule),
+                       lap_timeout_s=self.lap_timeout_s * factor)
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -113,7 +118,8 @@ _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
 _WIRE_KEYS = {f.name for f in fields(WireConfig)}
 _STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head"}  # the head's agent comes from [placement]
-_NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links"}
+_NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links", "schedule",
+                 "lap_timeout_s"}
 _LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
 _DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
 
@@ -335,9 +341,12 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError("edge drafts verify on the entry of a pipeline: keep parallel and placement.head at their "
                           "defaults", source=source, key="spec.placement")
     links += edge_links(spec, len(stages), seed + len(links))
+    schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
+    lap_timeout_s = _number(net, "lap_timeout_s", 120.0, source, "network", minimum=0.1, maximum=3600) * scale
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
-                    placement=placement, parallel=parallel, tp=tp, spec=spec)
+                    placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,
+                    lap_timeout_s=lap_timeout_s)
 
 
 def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:

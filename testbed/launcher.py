@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -86,12 +87,13 @@ class Launcher:
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
-                            head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1)
+                            head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
+                          lap_timeout_s=sc.lap_timeout_s)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,
                            listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor, wire=sc.wire,
-                           spec=sc.spec)
+                           spec=sc.spec, lap_timeout_s=sc.lap_timeout_s)
                  for i in range(sc.n_stages, sc.n_agents)]  # edge clients (agents.modes.dsd)
         return stages + edges
 
@@ -163,11 +165,21 @@ class Launcher:
     def _check_fatal(self, stage: int, event: dict) -> None:
         handle = self.agents[stage]
         if event["event"] == "error":
-            raise AgentFailed(f"{stage} ({handle.name})", event.get("message", "unknown error"))
+            raise AgentFailed(f"{stage} ({handle.name})", event.get("message", "unknown error") + self._links_down())
         if event["event"] == "exit":
             status = event["status"]
             how = f"killed by signal {-status}" if status < 0 else f"exited with status {status}"
             raise AgentFailed(f"{stage} ({handle.name})", handle.cause(how))
+
+    def _links_down(self) -> str:
+        """'; link 1->2 is down ...' for every link the schedule has down now (a timeout's likely cause)."""
+        origin = getattr(self.runlog, "schedule_origin", None)
+        if origin is None:
+            return ""
+        t = time.monotonic() - origin
+        down = [e for e in self.physical.schedule if e.down_s and e.at_s <= t < e.at_s + e.down_s]
+        return "".join(f"; link {e.link} is down by the schedule (from {e.at_s / self.dilation.factor:g} s for "
+                       f"{e.down_s / self.dilation.factor:g} s)" for e in down)
 
     def _handle(self, stage: int, event: dict) -> bool:
         """Apply a run-time event; True when the run is complete."""
@@ -237,6 +249,8 @@ class Launcher:
         self.runlog.phase = sc.decode.mode
         for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
             await self._command(handle, {"cmd": "run"})
+        self.runlog.schedule_origin = time.monotonic()  # the link schedule counts from here (testbed.schedule)
+        await self.shaper.start_schedule(self.runlog.schedule_origin)
         while True:
             stage, event = await self.events.receive()
             self._check_fatal(stage, event)
@@ -287,7 +301,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
                                     cache=calibrations)
     physical = box_scenario(scenario, chosen)
     shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_agents, new_run_id(),
-                           options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms))
+                           options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms, schedule=physical.schedule))
     return shaper, (chosen if chosen.requested != "1" or chosen.compensate else None)
 
 

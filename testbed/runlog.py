@@ -137,6 +137,7 @@ class RunLog:
         self.shaper_facts: dict = {}
         self.dilation: DilationSummary | None = None  # the records below are already in scenario time
         self.phase = "starting"
+        self.schedule_origin: float | None = None  # box time the link schedule counts from (the agents' run)
         self.started_at = time.monotonic()
         self.laps: list[LapRecord] = []
         self.probes: list[LapRecord] = []

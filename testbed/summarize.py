@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -121,4 +122,15 @@ def summarize(log: RunLog) -> RunSummary:
         text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts=log.shaper_facts, dilation=log.dilation,
         agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire, serialization_s=log.serialization_s,
+        **schedule_events(log),
     )
+
+
+def schedule_events(log: RunLog) -> dict:
+    """The link schedule's events and whether each has happened (the dashboard marks them), in scenario time."""
+    if not log.scenario.schedule:
+        return {}
+    factor = log.dilation.factor if log.dilation is not None else 1.0
+    elapsed = (time.monotonic() - log.schedule_origin) / factor if log.schedule_origin is not None else None
+    return {"schedule": tuple((e.at_s, e.describe(), elapsed is not None and elapsed >= e.at_s)
+                              for e in log.scenario.schedule), "schedule_elapsed_s": elapsed}

@@ -27,7 +27,7 @@ import trio
 from agents import wire
 from agents.modes.speculative import Drafter, PositionRandom, overlap, probabilities, sample, verify
 from agents.prompts import prompt_ids
-from agents.ring import LAP_TIMEOUT_S, RingClient
+from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
 from testbed.core.records import LapRecord, Stamp
@@ -55,9 +55,9 @@ class VerifyServer:
         self.overlaps: dict[int, dict[str, float]] = {}  # sum_x min(p, q) over the round's drafts: alpha-hat
 
     async def receive(self) -> tuple[wire.Frame, float]:
-        with trio.move_on_after(LAP_TIMEOUT_S):
+        with trio.move_on_after(self.ring.lap_timeout_s):
             return await self.ring.side.receive()
-        raise PeerTimeout(f"no frame from the edge clients within {LAP_TIMEOUT_S} s")
+        raise PeerTimeout(f"no frame from the edge clients within {self.ring.lap_timeout_s:g} s")
 
     def queued(self) -> list[tuple[wire.Frame, float]]:
         items = []

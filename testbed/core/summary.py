@@ -292,6 +292,9 @@ class RunSummary(JsonRecord):
     wire: WireConfig = WireConfig()  # how the hidden states travelled (codec)
     serialization_s: float = 0.0  # per decode lap: every hop's bytes at its rate (part of the prediction)
     extra: dict = field(default_factory=dict)  # figures a caller adds (bench, sweep), never read back by the testbed
+    # [[network.schedule]]: (at_s, what, happened yet) in the scenario's time; schedule_elapsed_s since the origin
+    schedule: tuple[tuple[float, str, bool], ...] = ()
+    schedule_elapsed_s: float | None = None
 
     @property
     def is_speculative(self) -> bool:
