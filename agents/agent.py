@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import MODES, DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
+from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -60,6 +60,7 @@ class AgentSpec(JsonRecord):
     tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
     spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
     lap_timeout_s: float = 120.0  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
+    every_agent: bool = False  # the mode's ModeInfo.every_agent (read by the launcher: a test may register a mode)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
             tokens = await resolve(spec.runner)(spec.decode, ring, spec.spec).run()
             control.send("usage", Usage.now().since(usage_at_start))
             control.send("finished")
-        elif MODES[spec.decode.mode].every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
+        elif spec.every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
             # (no probe laps: another rank's first all-reduce message could overtake them at the entry)
             tokens = await resolve(spec.runner)(spec.decode, ring).run()
             control.send("usage", Usage.now().since(usage_at_start))

@@ -88,7 +88,7 @@ class Launcher:
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
-                          lap_timeout_s=sc.lap_timeout_s)
+                          lap_timeout_s=sc.lap_timeout_s, every_agent=MODES[sc.decode.mode].every_agent)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,

@@ -82,13 +82,13 @@ DILATION = 2.0
 
 @pytest.mark.slow
 def test_at_100_ms_colocated_sd_beats_synchronous_dsd_as_predicted():
-    tokens = ["decode.tokens=24"]
+    tokens = ["decode.tokens=16"]
     colocated = run(api.scenario("edge-cloud", overrides=tokens + ["spec.placement=colocated"]), dilation=DILATION)
     plain = run(api.scenario("edge-cloud", overrides=tokens + ["spec.placement=colocated", "decode.mode=plain"]),
                 dilation=DILATION)
     sync = run(api.scenario("edge-cloud", overrides=tokens), dilation=DILATION)
     d = sync.dsd
-    assert sync.token_ids[:24] == colocated.token_ids[:24] == plain.token_ids[:24]  # the exact rule, greedy
+    assert sync.token_ids[:16] == colocated.token_ids[:16] == plain.token_ids[:16]  # the exact rule, greedy
     # the issue's 5%: measured ~+2% at D = 2 (per round: two edge hops, the entry's hand-off and K draft wake-ups)
     assert d.request_ms == pytest.approx(d.predicted_request_ms, rel=0.05)
     measured, predicted = colocated_request(colocated, 0.100)
@@ -103,11 +103,11 @@ def test_at_100_ms_colocated_sd_beats_synchronous_dsd_as_predicted():
 def test_pipelined_dsd_crosses_colocated_sd_where_predicted():
     """A calibrated draft at alpha 0.9 (greedy: the guess is right whenever all K are) hits ~0.66 of rounds; with
     t_v = 50 ms >= (K + 1) t_d a verdict never lands mid-step, so pipelining beats co-location below
-    RTT* = p K t_d ~ 26 ms; the grid 5, 10, 20, 40, 80 ms brackets it."""
+    RTT* = p K t_d ~ 26 ms; the grid 10, 20, 40, 80 ms brackets it."""
     base = ["decode.tokens=24", "decode.draft=calibrated", "decode.alpha=0.9", "stages.0.compute_ms=50"]
     colocated = run(api.scenario("edge-cloud", overrides=base + ["spec.placement=colocated"]))
     rows, hits, sync_td, sync_tv = [], [], [], []
-    for rtt in (5.0, 10.0, 20.0, 40.0, 80.0):
+    for rtt in (10.0, 20.0, 40.0, 80.0):
         d = run(api.scenario("edge-cloud", overrides=base + [f"spec.rtt_ms={rtt}", "spec.pipelined=true"])).dsd
         c_ms = colocated_request(colocated, rtt / 1e3)[0] * 1e3
         rows.append(DsdRow(rtt, c_ms, 0, 0, 0, d.request_ms, d.predicted_request_ms, 0, 0, d.alpha_hat,
@@ -120,7 +120,7 @@ def test_pipelined_dsd_crosses_colocated_sd_where_predicted():
     measured = crossover(rows)
     assert 10.0 < predicted < 40.0, predicted
     assert measured is not None
-    grid = [5.0, 10.0, 20.0, 40.0, 80.0]
+    grid = [10.0, 20.0, 40.0, 80.0]
     steps = abs(np.searchsorted(grid, measured) - np.searchsorted(grid, predicted))
     assert steps <= 1, (measured, predicted)
 

@@ -36,14 +36,14 @@ def test_bad_fault_lists_exit_2():
 
 @pytest.mark.slow
 def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
-    """The geo ring at scale 0.1 (hops 13, 4, 11 ms; C 3.3 ms; RTO 20 ms), 200 tokens: jitter 3 ms on every link,
+    """The geo ring at scale 0.1 (hops 13, 4, 11 ms; C 3.3 ms; RTO 20 ms), 150 tokens: jitter 3 ms on every link,
     then 5% loss on every link, each against the clean run."""
     import trio
 
     from testbed.launcher import run_scenario
     from testbed.runlog import RunLog
 
-    base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=200", "decode.temperature=0"]))
+    base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=150", "decode.temperature=0"]))
     clean = run(base)
     jittered = run(with_fault(base, jitter_ms=3.0))
     lossy_sc = with_fault(base, loss_pct=5.0)
@@ -57,7 +57,7 @@ def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
     assert 0 <= overhead < 0.006
     mean, _ = jitter_lap_s(jittered.compute_s, hops, 0.003)
     assert 1 / jittered.measured_tok_s == pytest.approx(mean + overhead, rel=0.05)
-    # the seeded draws lost some share of the ~600 hop crossings: a binomial outcome of p = 5% (within 3 sigma) ...
+    # the seeded draws lost some share of the ~450 hop crossings: a binomial outcome of p = 5% (within 3 sigma) ...
     lost = lost_share(log, base.loss_rto_ms / 1e3)
     n = 3 * lossy.laps
     assert abs(lost - 0.05) * n < 3 * (n * 0.05 * 0.95) ** 0.5

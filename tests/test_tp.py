@@ -112,11 +112,11 @@ def tolerance(summary) -> float:
 def test_tp_on_the_geo_ring_pays_its_all_reduces():
     """The geo ring with its links at half their delay (65, 20, 55 ms), at D = 2: PP, then TP with the ring
     all-reduce. Predicted TP/PP 13.0, Eq. 8's bound 4 L / N = 8."""
-    base = ["decode.tokens=4", "decode.temperature=0"]
+    base = ["decode.tokens=3", "decode.temperature=0"]
     pp = run(scaled_links(api.scenario("geo-ring", overrides=base), 0.5), dilation=DILATION)
     tp = run(scaled_links(api.scenario("geo-ring", overrides=base + ["parallel=tp"]), 0.5), dilation=DILATION)
     t = tp.tp
-    assert (t.ranks, t.layers, t.allreduce, t.tokens) == (3, 6, "ring", 3)
+    assert (t.ranks, t.layers, t.allreduce, t.tokens) == (3, 6, "ring", 2)
     assert t.messages_per_token == 2 * 6 * 2 * (3 - 1)
     assert tp.token_ids == pp.token_ids  # TP's numerics decode what the pipeline decodes
     # the issue's 5%; the overhead budget of its 48 messages a token is 4.4% undilated, 2.2% at D = 2
