@@ -85,11 +85,11 @@ class Shaper(abc.ABC):
     def schedule(self) -> tuple:
         return self.options.schedule
 
-    async def start_schedule(self, origin: float) -> None:
-        """The run starts now (`origin`, on the box's monotonic clock): apply the schedule's changes from here on."""
+    async def start_schedule(self, origin: float, nursery=None) -> None:
+        """The run starts now (`origin`, on the box's monotonic clock): apply the schedule's changes from here on
+        (a backend that needs tasks for it starts them in `nursery`, cancelled when the run ends)."""
         if self.schedule:
-            raise ShapingError(f"the {self.name} backend cannot change links during a run yet; link schedules "
-                               f"run on the userspace relay (--shaper userspace)")
+            raise ShapingError(f"the {self.name} backend cannot change links during a run")
 
     def describe(self) -> dict:
         """Facts for the JSON summary (backend-specific extras welcome)."""

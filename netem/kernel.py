@@ -21,6 +21,9 @@ import errno
 import ipaddress
 import os
 import shutil
+from dataclasses import replace
+
+import trio
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
@@ -38,7 +41,8 @@ from netem.nsutil import (
     teardown,
     write_sysctls,
 )
-from netem.plan import INITIAL_WINDOW_SEGMENTS, NetemPlan, NetworkPlan, plan_network
+from netem.plan import INITIAL_WINDOW_SEGMENTS, NetemPlan, NetworkPlan, plan_netem, plan_network
+from testbed.core import clock
 from testbed.core.errors import ShapingError
 from testbed.core.records import Address, LinkSpec
 
@@ -61,6 +65,25 @@ def add_netem(q: NetemPlan, sockets: NamespaceSockets) -> dict:
     problems = verify(q, got)
     if problems:
         raise ShapingError("the kernel did not take the planned netem settings: " + "; ".join(problems))
+    return got  # type: ignore[return-value]
+
+
+def change_netem(q: NetemPlan) -> dict:
+    """`tc qdisc change`: give a running link's netem qdisc new settings (a moving network), read back, verified."""
+    sockets = NamespaceSockets()
+    try:
+        ipr = sockets(q.namespace)
+        request(ipr, netem_message(q, link_index(ipr, q.ifname, q.namespace)), RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK)
+        got = read_qdisc(q.namespace, q.ifname, ipr)
+    except ShapingError:
+        raise
+    except Exception as exc:
+        raise translate(f"changing netem on {q.ifname} in {q.namespace} for link {q.link.name}", exc) from exc
+    finally:
+        sockets.close()
+    problems = verify(q, got)
+    if problems:
+        raise ShapingError("the kernel did not take the scheduled netem settings: " + "; ".join(problems))
     return got  # type: ignore[return-value]
 
 
@@ -120,7 +143,8 @@ class KernelShaper(Shaper):
         self._closed = False
 
     def plan_lines(self) -> list[str]:
-        return network_commands(self.plan)
+        return network_commands(self.plan) + [f"at {e.at_s:g} s: tc qdisc change on link {e.link}: {e.describe()}"
+                                              for e in self.schedule]
 
     async def setup(self) -> None:
         if shutil.which("ip") is None:
@@ -165,6 +189,36 @@ class KernelShaper(Shaper):
         finally:
             self._created.clear()
             self._closed = True
+
+    async def start_schedule(self, origin: float, nursery: trio.Nursery | None = None) -> None:
+        """Apply the schedule with `tc qdisc change` at its times (a partition: loss 100% for down_s, then back)."""
+        if not self.schedule:
+            return
+        if nursery is None:
+            raise ShapingError("the netem backend needs a nursery to run a link schedule in")
+        current = {(q.link.src, q.link.dst): q for q in self.plan.qdiscs}
+
+        async def change(key: tuple[int, int], q: NetemPlan, at: float) -> None:
+            await clock.sleep_until(at)
+            await trio.to_thread.run_sync(change_netem, q)
+
+        async def run() -> None:
+            async with trio.open_nursery() as inner:
+                for event in self.schedule:
+                    key = (event.src, event.dst)
+                    q = current[key]
+                    at = origin + event.at_s
+                    if event.down_s:
+                        down = plan_netem(replace(q.link, loss_pct=100.0), q.namespace, q.ifname)
+                        await change(key, down, at)
+                        inner.start_soon(change, key, q, at + event.down_s)  # back as it was
+                        continue
+                    values = {k: getattr(event, k) for k in ("delay_ms", "jitter_ms", "loss_pct", "rate_mbit")
+                              if getattr(event, k) is not None}
+                    current[key] = plan_netem(replace(q.link, **values), q.namespace, q.ifname)
+                    await change(key, current[key], at)
+
+        nursery.start_soon(run)
 
     def _stage(self, stage: int) -> int:
         if not isinstance(stage, int) or not 0 <= stage < self.n_stages:

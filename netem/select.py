@@ -62,9 +62,6 @@ def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, 
         raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(KINDS)}")
     if kind == "userspace":
         return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)", options)
-    if kind == "auto" and options.schedule:
-        return _userspace(links, n_stages, run_id, "userspace: auto; the scenario's link schedule runs on the relay",
-                          options)
     caps = probe_fn()
     if kind == "netem":
         if not caps.netem_ready:

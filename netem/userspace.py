@@ -309,7 +309,7 @@ class UserspaceShaper(Shaper):
                 for link in sorted(self.links, key=lambda l: (l.src, l.dst))] + [
             f"schedule at {e.at_s:g} s: {e.describe()}" for e in self.schedule]
 
-    async def start_schedule(self, origin: float) -> None:
+    async def start_schedule(self, origin: float, nursery=None) -> None:
         if self.schedule and self._process is not None and self._process.stdin is not None:
             await self._process.stdin.send_all(encode_line({"origin": origin}))
 

@@ -109,3 +109,16 @@ def test_the_dashboard_marks_schedule_events():
     console = Console(width=120, record=True)
     console.print(render(summary, 120, 40))
     assert "schedule" in console.export_text()
+
+
+def test_both_backends_plan_the_schedule():
+    from netem.base import ShaperOptions
+    from netem.kernel import KernelShaper
+    from netem.userspace import UserspaceShaper
+
+    sc = scenario([{"link": "0->1", "at_s": 1.0, "delay_ms": 30.0}, {"link": "1->0", "at_s": 2.0, "down_s": 0.4}])
+    options = ShaperOptions(schedule=sc.schedule)
+    for shaper in (UserspaceShaper(list(sc.links), 2, "t1", options), KernelShaper(list(sc.links), 2, "t1", options)):
+        lines = shaper.plan_lines()
+        assert any("1 s" in line and "0->1 delay_ms 30" in line for line in lines), lines
+        assert any("2 s" in line and "1->0 down for 0.4 s" in line for line in lines), lines
