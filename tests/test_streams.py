@@ -178,7 +178,12 @@ def prefill_scenario(prompt_tokens: int, chunk: int = 0):
 
 @pytest.fixture(scope="module")
 def prefills():
-    return {(p, chunk): run(prefill_scenario(p, chunk), dilation=2.0).ttft for p, chunk in ((16, 0), (128, 0), (128, 32))}
+    runs = {(p, chunk): run(prefill_scenario(p, chunk), dilation=2.0).ttft for p, chunk in ((16, 0), (128, 0))}
+    # A TTFT is one sample: a scheduling stall of the relay (20-30 ms, seen in one CI run of five) moves it by 10%.
+    # The chunked prompt, whose test holds it tightest, is the median of three runs.
+    chunked = sorted((run(prefill_scenario(128, 32), dilation=2.0).ttft for _ in range(3)),
+                     key=lambda t: t.measured_s / t.predicted_s)
+    return {**runs, (128, 32): chunked[1]}
 
 
 @pytest.mark.slow
