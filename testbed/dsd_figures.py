@@ -19,7 +19,7 @@ from testbed.core.errors import ConfigError
 from testbed.edge import CapacityRow, DsdResult, DsdRow
 from testbed.figures import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 # one set of number/count/text checks for the report's sections, so their messages read alike
-from testbed.tree_figures import _check_count, _check_number, _check_text
+from testbed.figure_checks import check_count as _check_count, check_number as _check_number, check_text as _check_text
 
 DASH: Final = "–"
 DSD_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side

@@ -25,9 +25,9 @@ from rich.table import Table
 
 from testbed import api
 from testbed.core import physics
-from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.core.summary import RunSummary
+from testbed.validate import listed
 
 RTTS_MS = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
 TOKENS = 40
@@ -140,7 +140,7 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
     k = round(colocated.spec.k)
     rows = []
     for rtt in rtts:
-        edge = [f"decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtt}"]
+        edge = ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtt}"]
         sync = (await run(f"RTT {rtt:g} ms: synchronous DSD", edge)).dsd
         pipe = (await run(f"RTT {rtt:g} ms: pipelined DSD", edge + ["spec.pipelined=true"])).dsd
         rows.append(DsdRow(rtt, *(x * 1e3 for x in colocated_request(colocated, rtt / 1e3)), sync.request_ms,
@@ -224,20 +224,13 @@ def tables(result: DsdResult) -> list[Table]:
     return [latency, capacity] + ([jitter] if result.jitter else [])
 
 
-def parse_numbers(text: str, key: str, cast, low: float, high: float) -> list:
-    try:
-        values = [cast(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(low <= v <= high for v in values):
-        raise ConfigError(f"expected a comma-separated list within [{low:g}, {high:g}], got {text!r}", key=key)
-    return values
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
-    rtts = parse_numbers(args.rtts, "--rtts", float, 0.0, 10_000.0)
-    clients = parse_numbers(args.clients, "--clients", int, 1, 32) if args.clients else []
-    jitters = parse_numbers(args.jitters, "--jitters", float, 0.0, 1_000.0) if args.jitters else []
+    rtts = listed(args.rtts, "--rtts", "round trips in ms within [0, 10000], like 5,10,20", float,
+                  lambda v: 0 <= v <= 10_000)
+    clients = listed(args.clients, "--clients", "client counts within [1, 32], like 1,2,4", int,
+                     lambda v: 1 <= v <= 32) if args.clients else []
+    jitters = listed(args.jitters, "--jitters", "jitters in ms within [0, 1000], like 0,5,20", float,
+                     lambda v: 0 <= v <= 1_000) if args.jitters else []
     api.ensure_models(lambda message: console.print(f"[bold]{message}"))
     result = trio.run(measure, args, rtts, clients, jitters,
                       lambda m: console.print(m, markup=False, highlight=False))

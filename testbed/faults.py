@@ -28,8 +28,8 @@ from rich.table import Table
 
 from testbed import api
 from testbed.config import Scenario
-from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
+from testbed.validate import listed
 
 JITTERS_MS = (0.0, 1.0, 5.0, 20.0)
 LOSSES_PCT = (0.0, 0.1, 1.0, 5.0)
@@ -156,19 +156,11 @@ def table(result: FaultsResult) -> Table:
     return out
 
 
-def parse_values(text: str, key: str, high: float) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(0 <= v <= high for v in values):
-        raise ConfigError(f"expected a comma-separated list within [0, {high:g}], got {text!r}", key=key)
-    return values
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
-    jitters = parse_values(args.jitters, "--jitters", 10_000.0)
-    losses = parse_values(args.losses, "--losses", 100.0)
+    jitters = listed(args.jitters, "--jitters", "jitters in ms within [0, 10000], like 0,1,5,20", float,
+                     lambda v: 0 <= v <= 10_000)
+    losses = listed(args.losses, "--losses", "loss percentages within [0, 100], like 0,0.1,1,5", float,
+                    lambda v: 0 <= v <= 100)
     api.ensure_models(lambda message: console.print(f"[bold]{message}"))
     result = trio.run(measure, args, jitters, losses, lambda m: console.print(m, markup=False, highlight=False))
     wide = console if console.width >= 120 else Console(width=120)

@@ -22,6 +22,7 @@ from testbed import api
 from testbed.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
+from testbed.validate import listed
 
 TOKENS = 6  # per run: the first is the prompt's lap, the rest are the decode tokens measured
 TABLE_WIDTH = 140
@@ -103,18 +104,9 @@ def table(result: TpResult) -> Table:
     return out
 
 
-def parse_scales(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(0 < v <= 100 for v in values):
-        raise ConfigError(f"expected link scales like 0.25,0.5,1 (each in (0, 100]), got {text!r}", key="--hop-scale")
-    return values
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
-    scales = parse_scales(args.hop_scale)
+    scales = listed(args.hop_scale, "--hop-scale", "link scales like 0.25,0.5,1 (each in (0, 100])", float,
+                    lambda v: 0 < v <= 100)
     if args.tokens is not None and args.tokens < 3:
         raise ConfigError(f"expected --tokens >= 3 (the prompt's lap and two decode tokens), got {args.tokens}",
                           key="--tokens")

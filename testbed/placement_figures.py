@@ -8,14 +8,14 @@ links' one-way latency, measured next to predicted, with Eq. 8's bound 4 L / N.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from testbed.core.decode import ALLREDUCE, HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
+from testbed.figure_checks import check_count as _check_count, check_number as _check_number, check_text as _check_text
 from testbed.figures import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 from testbed.parallel import TpResult, TpRow
 from testbed.place import Placement, PlaceResult
@@ -54,33 +54,6 @@ class SourcedTp:
 
 
 # ---------------------------------------------------------------- loading and validation
-
-
-def _check_number(value: Any, source: str, key: str, *, minimum: float | None = None, positive: bool = False,
-                  required: bool = True) -> None:
-    if value is None:
-        if required:
-            raise ConfigError("expected a number, got null", source=source, key=key)
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"expected a finite number, got {value!r}", source=source, key=key)
-    if positive and value <= 0:
-        raise ConfigError(f"expected a number > 0, got {value!r}", source=source, key=key)
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"expected a number >= {minimum:g}, got {value!r}", source=source, key=key)
-
-
-def _check_count(value: Any, minimum: int, source: str, key: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}", source=source, key=key)
-
-
-def _check_text(value: Any, source: str, key: str, choices: Sequence[str] = (), *, empty_ok: bool = False) -> None:
-    if choices and value not in choices:
-        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=key)
-    if not isinstance(value, str) or not (value or empty_ok):
-        raise ConfigError(f"expected a{'' if empty_ok else ' non-empty'} string, got {value!r}", source=source,
-                          key=key)
 
 
 def check_placement(placement: Placement, source: str, where: str) -> None:

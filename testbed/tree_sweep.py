@@ -24,6 +24,7 @@ from testbed import api
 from testbed.core.decode import CODECS, MAX_TREE
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
+from testbed.validate import listed
 
 TOKENS = 48  # per run
 TREE_K = 8  # candidates per node and nodes per best-first draft step
@@ -143,22 +144,12 @@ def table(result: TreeSweep) -> Table:
     return out
 
 
-def parse_list(text: str, what: str, key: str, cast, ok) -> list:
-    try:
-        values = [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(ok(v) for v in values):
-        raise ConfigError(f"expected {what}, got {text!r}", key=key)
-    return values
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
-    ns = parse_list(args.tree_n, f"node counts like 1,4,16,64,256 within [1, {MAX_TREE}]", "--tree-n", int,
-                    lambda n: 1 <= n <= MAX_TREE)
-    rates = parse_list(args.rates, "link rates in Mbit/s like 0,10 (0 = unlimited)", "--rates", float,
-                       lambda r: 0 <= r <= 100_000)
-    codecs = parse_list(args.codecs, f"codecs from {', '.join(CODECS)}", "--codecs", str, lambda c: c in CODECS)
+    ns = listed(args.tree_n, "--tree-n", f"node counts like 1,4,16,64,256 within [1, {MAX_TREE}]", int,
+                lambda n: 1 <= n <= MAX_TREE)
+    rates = listed(args.rates, "--rates", "link rates in Mbit/s like 0,10 (0 = unlimited)", float,
+                   lambda r: 0 <= r <= 100_000)
+    codecs = listed(args.codecs, "--codecs", f"codecs from {', '.join(CODECS)}", str, lambda c: c in CODECS)
     api.ensure_models(lambda message: console.print(f"[bold]{message}"))
     result = trio.run(measure, args, ns, rates, codecs, lambda m: console.print(m, markup=False, highlight=False))
     wide = console if console.width >= 150 else Console(width=150)

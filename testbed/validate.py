@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from testbed.core.errors import ConfigError
 
@@ -42,3 +42,14 @@ def string(table: dict, key: str, default: str, source: str, where: str, choices
     if choices and value not in choices:
         raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=full)
     return value
+
+
+def listed(text: str, key: str, what: str, cast: Callable[[str], Any], ok: Callable[[Any], bool]) -> list:
+    """A command-line list "a,b,c": each item cast and checked, or a ConfigError naming the option (`key`)."""
+    try:
+        values = [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(ok(v) for v in values):
+        raise ConfigError(f"expected {what}, got {text!r}", key=key)
+    return values
