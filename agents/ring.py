@@ -68,6 +68,9 @@ class RingClient:
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
         # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
         self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
+        self.serving = False  # in serve(): a frame that does not fit the stage is refused on arrival (admit)
+        self.frontier: dict[int, int] = {}  # stream -> its cache length once the frames queued so far are computed
+        self.tree_nodes: dict[int, int] = {}  # stream -> nodes of the tree its next queued block is
 
     def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
         """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
@@ -91,14 +94,12 @@ class RingClient:
         reader = wire.FrameReader(stream, lambda n: clock_module.receive_polling(stream, raw.recv, predictor, n))
         try:
             while (item := await reader.read()) is not None:
-                if item[0].kind == wire.Kind.KV:
-                    continue  # shipped KV: its bytes crossed the link (the cost measured); nothing keeps it
-                predictor.observe(item[1])
-                await self.inbox_for(item[0]).send(as_float32(item))
+                if item[0].kind != wire.Kind.KV:
+                    predictor.observe(item[1])
+                await self.enqueue(item)
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
-                    if more[0].kind != wire.Kind.KV:
-                        await self.inbox_for(more[0]).send(as_float32(more))
+                    await self.enqueue(more)
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -107,10 +108,38 @@ class RingClient:
             raw.close()
             await trio.aclose_forcefully(stream)
 
-    def inbox_for(self, frame: wire.Frame) -> trio.MemorySendChannel:
+    async def enqueue(self, item: tuple[wire.Frame, float]) -> None:
+        if item[0].kind == wire.Kind.KV:
+            return  # shipped KV: its bytes crossed the link (the cost measured); nothing keeps it
+        frame, _ = item = as_float32(item)
         if frame.kind in wire.SIDE_KINDS and self.index != 0:  # only the entry hears edge clients (agents.modes.dsd)
             raise WireError(f"a {frame.kind.name} frame at stage {self.index}: edge clients talk to the entry")
-        return self.side_send if frame.kind in wire.SIDE_KINDS else self.inbox_send
+        self.admit(frame)
+        await (self.side_send if frame.kind in wire.SIDE_KINDS else self.inbox_send).send(item)
+
+    def admit(self, frame: wire.Frame) -> None:
+        """In serve(), refuse (WireError: the connection closes) a well-formed frame PipelineStage would fail on: a kind
+        it does not take, a block not [1, T, n_embd] float32 or past the KV cache the frames queued before leave it."""
+        kind, stream, pos, x, config = frame.kind, frame.stream, frame.pos, frame.tensor, self.stage.model.config
+        if self.serving and len(frame.stamps) >= wire.MAX_STAMPS - 1:  # with this stage's, the next would refuse it
+            raise WireError(f"a frame with {len(frame.stamps)} stamps leaves no room for stage {self.index}'s")
+        if not self.serving or kind in (wire.Kind.PROBE, wire.Kind.SHUTDOWN):
+            return
+        if kind not in (wire.Kind.HIDDEN, wire.Kind.TREE) or not 0 <= stream < PipelineStage.MAX_STREAMS:
+            raise WireError(f"a {kind.name} frame of stream {stream}: stage {self.index} takes HIDDEN and TREE frames")
+        length, slots = self.frontier.get(stream, 0), config.block_size + self.stage.tree_slots
+        if kind == wire.Kind.TREE:
+            self.tree_nodes[stream] = len(wire.tree_plan(x, slots, pos, length))
+            self.frontier[stream] = max(length, pos)  # KVCache.compact
+            return
+        if x is None or x.dtype != np.float32 or x.ndim != 3 or x.shape[0] != 1 or x.shape[2] != config.n_embd:
+            raise WireError(f"stage {self.index} takes [1, T, {config.n_embd}] float32, not {getattr(x, 'shape', x)}")
+        nodes = self.tree_nodes.get(stream)
+        if not 0 < x.shape[1] <= slots - pos or pos > length or nodes not in (None, x.shape[1]):
+            raise WireError(f"a block of {x.shape[1]} at position {pos} does not fit stage {self.index}: stream "
+                            f"{stream} has {length} cached by then of {slots} slots; tree nodes expected: {nodes}")
+        self.frontier[stream] = pos + x.shape[1]
+        self.tree_nodes.pop(stream, None)
 
     async def dial(self, peers: dict[int, Address]) -> None:
         """Open a connection over every outgoing link (the shaper decided what address reaches each peer)."""
@@ -139,11 +168,12 @@ class RingClient:
 
     async def send(self, frame: wire.Frame, dst: int | None = None, kv: bytes = b"") -> int:
         """Send a frame (after `kv`, shipped KV bytes, on the same link: they delay it as they would)."""
+        return await self.write(kv + wire.encode(frame, self.codec), dst)
+
+    async def write(self, data: bytes, dst: int | None) -> int:
         dst = self.next_stage if dst is None else dst
-        stream = self.peers.get(dst)
-        if stream is None:
+        if (stream := self.peers.get(dst)) is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
-        data = kv + wire.encode(frame, self.codec)
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -160,17 +190,10 @@ class RingClient:
 
     async def send_burst(self, frames: list[wire.Frame], dst: int | None = None) -> list[int]:
         """Several frames in one write, each flagged with how many follow (a continuous batch moving on together)."""
-        dst = self.next_stage if dst is None else dst
-        stream = self.peers.get(dst)
-        if stream is None:
-            raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
         left = len(frames) - 1
         encoded = [wire.encode(dataclasses.replace(f, flags=(f.flags & ~wire.BURST_MASK) | (left - i)), self.codec)
                    for i, f in enumerate(frames)]
-        try:
-            await stream.send_all(b"".join(encoded))
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise LinkBroken(f"stage {dst} closed the connection: {exc}") from exc
+        await self.write(b"".join(encoded), dst)
         return [len(data) for data in encoded]
 
     def receive_now(self) -> tuple[wire.Frame, float] | None:
@@ -212,6 +235,7 @@ class RingClient:
         is busy queues). "continuous": every one-token frame queued when the stage turns to its inbox (and
         the rest of their bursts) runs as one batched forward pass, then moves on as one burst.
         """
+        self.serving = True
         while True:
             items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
             for group in batches(items):

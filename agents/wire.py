@@ -118,6 +118,24 @@ NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2"), 
 DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16, np.dtype("int32"): DType.INT32}
 
 
+def tree_plan(plan: np.ndarray | None, max_nodes: int, pos: int, cached: int) -> list[int]:
+    """A TREE frame's int32 [a, a accepted slots, T parents, T tokens] (PipelineStage.set_tree) checked for a block at
+    `pos` of a stream with `cached` slots filled: its parents (the root's -1 first, every other's before it)."""
+    if plan is None or plan.dtype != np.int32 or plan.ndim != 1 or plan.size < 3:
+        raise WireError(f"a tree plan is int32 [a, a slots, T parents, T tokens], got {plan!r:.80}")
+    a = int(plan[0])
+    if not 0 <= a <= plan.size - 3 or (plan.size - 1 - a) % 2 or (plan.size - 1 - a) // 2 > max_nodes:
+        raise WireError(f"a tree plan of {plan.size} values with a = {a} is not [a, a slots, T <= {max_nodes} "
+                        f"parents, T tokens]")
+    t = (plan.size - 1 - a) // 2
+    slots, parents = plan[1:1 + a].tolist(), plan[1 + a:1 + a + t].tolist()
+    if sorted(set(slots)) != slots or any(not pos - a <= s < cached for s in slots) or pos < a:
+        raise WireError(f"a tree at position {pos} keeps slots {slots[:8]}: not ascending in {pos - a}..{cached - 1}")
+    if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise WireError("a tree plan needs its root first (parent -1) and every other node's parent before it")
+    return parents
+
+
 @dataclass(frozen=True)
 class Frame:
     kind: Kind

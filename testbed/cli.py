@@ -61,8 +61,11 @@ def ensure_models(console: Console) -> dict:
 
 
 async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
-                    dashboard: bool, verbose: bool, options: argparse.Namespace) -> list[RunSummary]:
-    """Run scenarios (phases) one after another under one exporter and one live dashboard."""
+                    dashboard: bool, verbose: bool, options: argparse.Namespace, launch=None) -> list[RunSummary]:
+    """Run scenarios (phases) one after another under one exporter and one live dashboard.
+
+    launch(scenario, runlog, log) -> a launcher replaces this box's (testbed.node: one node of several hosts).
+    """
     from testbed.collector import RunCollector, serve
     from testbed.launcher import Launcher, prepare
     from testbed.runlog import RunLog
@@ -78,7 +81,11 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                           f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
     url = f"http://{host}:{port}/metrics"
     console.print(f"Prometheus metrics: [bold]{url}[/bold]")
-    logs.append(RunLog(scenarios[0], metrics_url=url))
+    lap_log = Path(options.lap_log) if getattr(options, "lap_log", None) else None
+    if lap_log is not None:
+        lap_log.parent.mkdir(parents=True, exist_ok=True)
+        lap_log.write_text("")  # phases append to one fresh file
+    logs.append(RunLog(scenarios[0], metrics_url=url, lap_log=lap_log))
     summaries = []
 
     def log(message: str) -> None:
@@ -87,6 +94,9 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
     async def run_phases() -> None:
         calibrations: dict = {}  # the phases run one ring: it is calibrated once
         for i, scenario in enumerate(scenarios):
+            if launch is not None:
+                summaries.append(await launch(scenario, logs[-1], log).run())
+                continue
             shaper, dilation = await prepare(scenario, shaper_kind, dilation=options.dilation,
                                              compensate=options.compensate, log=log, echo_agent_stderr=verbose,
                                              calibrations=calibrations)
@@ -95,9 +105,11 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
                           f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason}).{dilated}")
             if i > 0:
-                logs.append(RunLog(scenario, metrics_url=url))
+                logs[-1].close()
+                logs.append(RunLog(scenario, metrics_url=url, lap_log=lap_log))
             launcher = Launcher(scenario, shaper, logs[-1], log=log, echo_agent_stderr=verbose, dilation=dilation)
             summaries.append(await launcher.run())
+        logs[-1].close()
 
     if not dashboard:
         await run_phases()
@@ -200,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(JSON files get the mode as a suffix)")
     run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")
     run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
+    run.add_argument("--lap-log", help="stream every lap record here as JSON lines (the run keeps only the last "
+                                       "laps in memory; phases share the file, each record names its mode)")
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="print what a run would set up (tc commands or relay timings), apply nothing")
@@ -278,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--jitters", default="0,1,5,20", help="jitter per link, ms (default 0,1,5,20)")
     faults.add_argument("--losses", default="0,0.1,1,5", help="loss per link, %% (default 0,0.1,1,5)")
     faults.add_argument("--json", help="write the rows here (default results/faults-SCENARIO.json)")
+    faults.add_argument("--shapers", help="backends to run the rows on, e.g. userspace,netem (default: --shaper)")
     faults.set_defaults(func=lambda a, c: __import__("testbed.faults", fromlist=["main"]).main(a, c), dilation=1.0)
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")

@@ -8,9 +8,13 @@ never holds a frame behind another):
 - loss on a reliable transport: a frame lost on a hop arrives one retransmission timeout later (the relay's model,
   network.loss_rto_ms), so a lap costs C + T_ring + k RTO with k ~ Binomial(N, p).
 The p99 of both is the quantile of that sum (jitter: a seeded Monte Carlo; loss: the binomial). On the kernel
-backend (netem drops real packets) the kernel's TCP retransmits and the row reports what it measured against
-the same model: the difference is how Linux recovers a lost segment (tail-loss probe, RTO from the measured RTT
-with a 200 ms floor), not the relay's fixed RTO.
+backend (`--shaper netem`, or several with `--shapers userspace,netem`) netem drops real packets and the kernel's
+TCP recovers them: a loss row reports the measured penalty per lap (its mean lap less the clean row's) next to the
+relay's model N p RTO, the measured cost of one lost frame, and what the kernel did, read from each agent's
+namespace while it ran (/proc/net/netstat, /proc/net/snmp, /proc/net/tcp): RTO expiries, tail-loss probes,
+retransmitted segments, and the connections' RTO, which Linux computes as srtt + max(4 rttvar, 200 ms) (the
+200 ms floor is TCP_RTO_MIN, scaled by nothing), so a lost frame costs about 200 ms + srtt on any scale, unless a
+later segment (a tail-loss probe's, a dup ACK's fast retransmit) recovers it sooner.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +41,12 @@ JITTERS_MS = (0.0, 1.0, 5.0, 20.0)
 LOSSES_PCT = (0.0, 0.1, 1.0, 5.0)
 TOKENS = 48
 SAMPLES = 200_000
+POLL_S = 0.5  # how often the kernel's TCP counters are read from the agents' namespaces during a netem run
+KERNEL_LOST_EXTRA_S = 0.05  # netem: a hop this much over its delay waited for TCP's recovery (a lap's own noise is
+# a few ms even in user-mode-linux; the kernel's fastest recovery of a lone lost segment, a tail-loss probe, takes
+# 2 srtt + the 40 ms delayed ACK the probe's RTT samples carry)
+NETSTAT_KEYS = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery"), "Tcp": ("RetransSegs",)}
+USER_HZ = 100  # /proc/net/tcp gives rto in clock ticks
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,89 @@ class FaultRow(JsonRecord):
     same_output: bool  # greedy tokens equal to the clean run's
     lost_pct: float = 0.0  # loss: the share of the laps' hops that took a timeout (the seeded draws' realization)
     predicted_lost_ms: float = 0.0  # loss: the model with that realized share (the mechanism, not the luck)
+    penalty_ms: float = 0.0  # loss: measured mean lap less the clean (loss 0) row's
+    model_penalty_ms: float = 0.0  # loss: the relay's model of it, N p RTO
+    per_loss_ms: float = 0.0  # loss: mean time a lost hop took over its delay (what one loss cost)
+    kernel: KernelTcp | None = None  # netem: what the kernel's TCP did, summed over the agents' namespaces
+
+
+@dataclass(frozen=True)
+class KernelTcp(JsonRecord):
+    """The kernel's TCP counters of one netem run (fresh namespaces: they start at 0), read while it ran."""
+
+    timeouts: int = 0  # TcpExt TCPTimeouts: RTO expiries
+    loss_probes: int = 0  # TcpExt TCPLossProbes: tail-loss probes sent
+    probe_recoveries: int = 0  # TcpExt TCPLossProbeRecovery: losses a probe repaired
+    retrans_segs: int = 0  # Tcp RetransSegs
+    rto_ms: float = 0.0  # mean icsk_rto of the sending connections at the last read (10 ms ticks)
+    ato_ms: float = 0.0  # mean delayed-ACK timeout of the receiving connections
+
+
+def read_namespace_tcp() -> dict[str, float]:
+    """Inside a namespace (this thread's: /proc/thread-self): the counters and the RTO of the sending connections
+    (their local port is not one this namespace listens on) and the ATO of the receiving ones."""
+    values: dict[str, float] = {}
+    for name in ("netstat", "snmp"):
+        with open(f"/proc/thread-self/net/{name}") as f:
+            lines = [line.split() for line in f]
+        for names, numbers in zip(lines[::2], lines[1::2]):
+            for key in NETSTAT_KEYS.get(names[0].rstrip(":"), ()):
+                if key in names:
+                    values[key] = float(numbers[names.index(key)])
+    with open("/proc/thread-self/net/tcp") as f:
+        rows = [line.split() for line in f][1:]
+    listening = {row[1].split(":")[1] for row in rows if row[3] == "0A"}
+    for row in (r for r in rows if r[3] == "01"):  # ESTABLISHED
+        side = "ato" if row[1].split(":")[1] in listening else "rto"
+        values[f"{side}_sum"] = values.get(f"{side}_sum", 0.0) + int(row[13 if side == "ato" else 12]) * 1e3 / USER_HZ
+        values[f"{side}_n"] = values.get(f"{side}_n", 0.0) + 1
+    return values
+
+
+def testbed_namespaces() -> list[str]:
+    from netem.plan import is_testbed_name
+    from pyroute2 import netns
+
+    return [name for name in os.listdir(netns.NETNS_RUN_DIR) if is_testbed_name(name) and re.search(r"-s\d+$", name)] \
+        if os.path.isdir(netns.NETNS_RUN_DIR) else []
+
+
+async def watch_kernel_tcp(seen: dict[str, dict[str, float]]) -> None:
+    """Until cancelled: every POLL_S, each testbed namespace's read_namespace_tcp into seen (the last read stays when
+    the run tears the namespace down)."""
+    from netem.nsutil import in_namespace
+
+    while True:
+        for namespace in await trio.to_thread.run_sync(testbed_namespaces):
+            try:
+                values = await trio.to_thread.run_sync(in_namespace, namespace, read_namespace_tcp)
+                seen[namespace] = {**seen.get(namespace, {}), **values}  # the RTOs of the last read with connections
+            except OSError:
+                pass  # torn down between the listing and the read
+        await trio.sleep(POLL_S)
+
+
+def kernel_tcp(seen: dict[str, dict[str, float]]) -> KernelTcp:
+    total = {key: sum(v.get(key, 0.0) for v in seen.values())
+             for key in ("TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "RetransSegs", "rto_sum", "rto_n",
+                         "ato_sum", "ato_n")}
+    return KernelTcp(int(total["TCPTimeouts"]), int(total["TCPLossProbes"]), int(total["TCPLossProbeRecovery"]),
+                     int(total["RetransSegs"]), total["rto_sum"] / max(total["rto_n"], 1),
+                     total["ato_sum"] / max(total["ato_n"], 1))
+
+
+def explain(row: "FaultRow", relay_rto_ms: float, n_hops: int) -> str:
+    """One line on why a netem loss row's penalty differs from the relay's model, from what was measured."""
+    k = row.kernel
+    if k is None or row.value == 0:
+        return ""
+    if not row.per_loss_ms:
+        return (f"{k.timeouts} RTO expiries + {k.loss_probes} tail-loss probes, {k.retrans_segs} segments resent; no "
+                f"decode hop lost (senders' RTO {k.rto_ms:.0f} ms)")
+    return (f"{k.timeouts} RTO expiries + {k.loss_probes} tail-loss probes ({k.probe_recoveries} repaired), "
+            f"{k.retrans_segs} segments resent; a loss cost {row.per_loss_ms:.0f} ms, not {relay_rto_ms:g} (senders' "
+            f"RTO {k.rto_ms:.0f} ms, receivers' ACK delay {k.ato_ms:.0f} ms): N x {row.lost_pct:.2f}% lost x "
+            f"{row.per_loss_ms:.0f} ms = {n_hops * row.lost_pct / 100 * row.per_loss_ms:.1f} ms/lap")
 
 
 @dataclass(frozen=True)
@@ -60,6 +155,7 @@ class FaultsResult(JsonRecord):
     t_ring_ms: float
     rto_ms: float
     fault_rows: tuple[FaultRow, ...]
+    n_hops: int = 0
 
 
 def with_fault(sc: Scenario, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Scenario:
@@ -89,12 +185,18 @@ def loss_lap_s(compute_s: float, t_ring_s: float, n_hops: int, p: float, rto_s: 
     return base + n_hops * p * rto_s, base + k * rto_s
 
 
-def lost_share(runlog, rto_s: float) -> float:
-    """The share of the decode laps' hops that took more than half a timeout over their configured delay."""
-    sc = runlog.scenario
-    extra = [h - link.delay_ms / 1e3 for lap in runlog.laps if lap.kind == "decode"
-             for h, link in zip(lap.hop_latencies_s(), sc.ring)]
-    return sum(e > rto_s / 2 for e in extra) / len(extra) if extra else 0.0
+def hop_extras_s(runlog) -> list[float]:
+    """Every decode lap's hops: the time each took over its configured delay."""
+    return [h - link.delay_ms / 1e3 for lap in runlog.laps if lap.kind == "decode"
+            for h, link in zip(lap.hop_latencies_s(), runlog.scenario.ring)]
+
+
+def lost_share(runlog, rto_s: float, threshold_s: float | None = None) -> float:
+    """The share of the decode laps' hops that took more than `threshold_s` (default half a timeout) over their
+    configured delay."""
+    extra = hop_extras_s(runlog)
+    threshold_s = rto_s / 2 if threshold_s is None else threshold_s
+    return sum(e > threshold_s for e in extra) / len(extra) if extra else 0.0
 
 
 def _phi_pdf(x: float) -> float:
@@ -105,55 +207,93 @@ def _phi_cdf(x: float) -> float:
     return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
 
-async def measure(args: argparse.Namespace, jitters: list[float], losses: list[float], log) -> FaultsResult:
+async def measure(args: argparse.Namespace, jitters: list[float], losses: list[float], log,
+                  shaper: str | None = None) -> FaultsResult:
+    """Every row on one backend (`shaper`, default args.shaper)."""
     from testbed.launcher import run_scenario
     from testbed.runlog import RunLog
 
     base = with_fault(api.scenario(args.scenario, overrides=list(args.overrides) + [
         f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0", "decode.mode=plain"]))
-    rows, shaper, clean_ids, compute = [], "?", None, 0.0
-    hops = [link.delay_ms / 1e3 for link in base.ring]
+    rows, ran, clean_ids, compute, clean_lap_s = [], "?", None, 0.0, None
+    hops, rto_s = [link.delay_ms / 1e3 for link in base.ring], base.loss_rto_ms / 1e3
     for fault, values in (("jitter", jitters), ("loss", losses)):
         for value in values:
             sc = with_fault(base, **({"jitter_ms": value * base.scale} if fault == "jitter" else {"loss_pct": value}))
             log(f"{fault} {value:g} {'ms' if fault == 'jitter' else '%'}...")
-            runlog = RunLog(sc)
-            summary = await run_scenario(sc, args.shaper, runlog=runlog, log=lambda m: None, dilation=args.dilation)
-            shaper, compute = summary.shaper, summary.compute_s or 0.0
+            runlog, seen = RunLog(sc), {}
+            async with trio.open_nursery() as nursery:
+                if (shaper or args.shaper) != "userspace":
+                    nursery.start_soon(watch_kernel_tcp, seen)
+                summary = await run_scenario(sc, shaper or args.shaper, runlog=runlog, log=lambda m: None,
+                                             dilation=args.dilation)
+                nursery.cancel_scope.cancel()
+            ran, compute = summary.shaper, summary.compute_s or 0.0
             if value == 0 and clean_ids is None:
                 clean_ids = summary.token_ids
             laps = np.array([lap.duration_s for lap in runlog.laps if lap.kind == "decode"])
+            if value == 0:
+                clean_lap_s = float(laps.mean())
             if fault == "jitter":
                 mean, p99 = jitter_lap_s(compute, hops, value * base.scale / 1e3, seed=int(value * 1000))
             else:
-                mean, p99 = loss_lap_s(compute, base.t_ring_s, len(hops), value / 100, base.loss_rto_ms / 1e3)
-            lost = lost_share(runlog, base.loss_rto_ms / 1e3) if fault == "loss" else 0.0
-            realized = loss_lap_s(compute, base.t_ring_s, len(hops), lost, base.loss_rto_ms / 1e3)[0]
+                mean, p99 = loss_lap_s(compute, base.t_ring_s, len(hops), value / 100, rto_s)
+            kernel = kernel_tcp(seen) if ran == "netem" else None
+            threshold = KERNEL_LOST_EXTRA_S if ran == "netem" else rto_s / 2
+            lost = lost_share(runlog, rto_s, threshold) if fault == "loss" else 0.0
+            realized = loss_lap_s(compute, base.t_ring_s, len(hops), lost, rto_s)[0]
+            over = [e for e in hop_extras_s(runlog) if e > threshold] if fault == "loss" else []
             rows.append(FaultRow(fault, value, len(laps), float(laps.mean()) * 1e3, float(np.percentile(laps, 99)) * 1e3,
                                  mean * 1e3, p99 * 1e3, (float(laps.mean()) / mean - 1) * 100,
                                  clean_ids is None or summary.token_ids == clean_ids, lost * 100,
-                                 realized * 1e3 if fault == "loss" else mean * 1e3))
+                                 realized * 1e3 if fault == "loss" else mean * 1e3,
+                                 (float(laps.mean()) - clean_lap_s) * 1e3 if fault == "loss" and clean_lap_s else 0.0,
+                                 len(hops) * value / 100 * rto_s * 1e3 if fault == "loss" else 0.0,
+                                 float(np.mean(over)) * 1e3 if over else 0.0, kernel))
             r = rows[-1]
             log(f"      lap {r.lap_ms:.1f} ms (predicted {r.predicted_ms:.1f}), p99 {r.lap_ms_p99:.1f} "
-                f"({r.predicted_ms_p99:.1f}), output {'identical' if r.same_output else 'DIFFERENT'}")
-    return FaultsResult(base.name, shaper, compute * 1e3, base.t_ring_s * 1e3, base.loss_rto_ms, tuple(rows))
+                f"({r.predicted_ms_p99:.1f}), output {'identical' if r.same_output else 'DIFFERENT'}"
+                + (f"; {explain(r, base.loss_rto_ms, len(hops))}" if kernel and fault == "loss" else ""))
+    return FaultsResult(base.name, ran, compute * 1e3, base.t_ring_s * 1e3, base.loss_rto_ms, tuple(rows), len(hops))
 
 
 def table(result: FaultsResult) -> Table:
     out = Table(title=f"Faults on {result.scenario} ({result.shaper}; T_ring {result.t_ring_ms:.1f} ms, RTO "
                       f"{result.rto_ms:g} ms): lap measured vs the model")
+    kernel = result.shaper == "netem"
     for col in ("fault", "laps", "mean lap ms meas / pred", "err %", "p99 lap ms meas / pred", "hops lost %",
-                "pred. with that", "output"):
+                "pred. with that", *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
+                "output"):
         out.add_column(col, justify="right")
+    notes = []
     for r in result.fault_rows:
         label = f"jitter {r.value:g} ms" if r.fault == "jitter" else f"loss {r.value:g}%"
         loss = r.fault == "loss" and r.value > 0
+        penalty = (f"{r.penalty_ms:.1f} / {r.model_penalty_ms:.1f}", f"{r.per_loss_ms:.0f}") if loss else ("", "")
         out.add_row(label, str(r.laps), f"{r.lap_ms:.1f} / {r.predicted_ms:.1f}", f"{r.error_pct:+.2f}",
                     f"{r.lap_ms_p99:.1f} / {r.predicted_ms_p99:.1f}", f"{r.lost_pct:.2f}" if loss else "",
-                    f"{r.predicted_lost_ms:.1f}" if loss else "", "identical" if r.same_output else "DIFFERENT")
+                    f"{r.predicted_lost_ms:.1f}" if loss else "", *(penalty if kernel else ()),
+                    "identical" if r.same_output else "DIFFERENT")
+        if kernel and loss:
+            notes.append(f"{label}: {explain(r, result.rto_ms, result.n_hops)}")
     out.caption = ("loss: the model with the configured p (err %), and with the share of hops that did take a "
                    "timeout (the seeded draws: the mechanism, not the luck)")
+    if kernel:
+        out.caption = (f"netem: the kernel's TCP recovers a dropped segment, not the relay's {result.rto_ms:g} ms RTO; "
+                       f"a hop > {KERNEL_LOST_EXTRA_S * 1e3:g} ms over its delay counts as lost. Linux retransmits a "
+                       "lone lost segment when its RTO expires, RTO = srtt + max(4 rttvar, TCP_RTO_MIN 200 ms), or "
+                       "sooner by a tail-loss probe (2 srtt + 200 ms with one segment out, 2 srtt + 2 ticks with "
+                       "more) or by a fast retransmit when later segments bring dup ACKs; a frame here is one "
+                       "segment and the next waits for the lap, so the floor prices most losses. Measured:\n"
+                       + "\n".join(notes))
     return out
+
+
+def shapers_of(args: argparse.Namespace) -> list[str]:
+    """--shapers a,b (each row set once per backend) or --shaper."""
+    text = getattr(args, "shapers", None) or args.shaper
+    return listed(text, "--shapers", "backends among auto, netem, userspace, like userspace,netem", str,
+                  lambda v: v in ("auto", "netem", "userspace"))
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
@@ -161,12 +301,16 @@ def main(args: argparse.Namespace, console: Console) -> int:
                      lambda v: 0 <= v <= 10_000)
     losses = listed(args.losses, "--losses", "loss percentages within [0, 100], like 0,0.1,1,5", float,
                     lambda v: 0 <= v <= 100)
+    shapers = shapers_of(args)
     api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = trio.run(measure, args, jitters, losses, lambda m: console.print(m, markup=False, highlight=False))
-    wide = console if console.width >= 120 else Console(width=120)
-    wide.print(table(result))
-    path = Path(args.json or f"results/faults-{Path(args.scenario).stem}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json(indent=2) + "\n")
-    console.print(f"JSON: {path}")
+    base = Path(args.json or f"results/faults-{Path(args.scenario).stem}.json")
+    for shaper in shapers:
+        result = trio.run(measure, args, jitters, losses, lambda m: console.print(m, markup=False, highlight=False),
+                          shaper)
+        wide = console if console.width >= 140 else Console(width=140)
+        wide.print(table(result))
+        path = base if len(shapers) == 1 else base.with_name(f"{base.stem}-{result.shaper}{base.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.to_json(indent=2) + "\n")
+        console.print(f"JSON: {path}")
     return 0

@@ -139,8 +139,8 @@ class Launcher:
                 inner.start_soon(_read_lines, handle.control, on_control)
                 inner.start_soon(_read_lines, process.stderr, on_stderr)
                 status = await process.wait()
-            if not handle.finished or status != 0:
-                await self.events_send.send((handle.stage, {"event": "exit", "status": status}))
+            ended = "exit" if not handle.finished or status != 0 else "exited"  # "exited": a normal end
+            await self.events_send.send((handle.stage, {"event": ended, "status": status}))
 
         nursery.start_soon(supervise)
         return handle
@@ -158,12 +158,15 @@ class Launcher:
                     else:
                         self._handle(stage, event)
         except trio.TooSlowError as exc:
-            missing = ", ".join(self.agents[s].name for s in sorted(stages - set(got)))
+            missing = ", ".join(self._agent(s).name for s in sorted(stages - set(got)))
             raise PeerTimeout(f"agents {missing} did not report '{event_name}' within {timeout_s:.0f} s") from exc
         return got
 
+    def _agent(self, stage: int) -> AgentHandle:
+        return next(handle for handle in self.agents if handle.stage == stage)
+
     def _check_fatal(self, stage: int, event: dict) -> None:
-        handle = self.agents[stage]
+        handle = self._agent(stage)
         if event["event"] == "error":
             raise AgentFailed(f"{stage} ({handle.name})", event.get("message", "unknown error") + self._links_down())
         if event["event"] == "exit":
@@ -208,6 +211,10 @@ class Launcher:
 
     async def run(self) -> RunSummary:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
+        await self._run()
+        return summarize(self.runlog)
+
+    async def _run(self) -> None:
         from agents.train import MODEL_CONFIGS, ensure_trained
 
         specs = self.agent_specs(MODEL_CONFIGS[self.scenario.model].n_layer)  # "target-deep": 16 layers
@@ -226,7 +233,6 @@ class Launcher:
             with trio.CancelScope(shield=True):
                 await self._stop_agents()
         self.runlog.phase = "done"
-        return summarize(self.runlog)
 
     async def _run_agents(self, nursery: trio.Nursery, specs: list[AgentSpec]) -> None:
         sc = self.scenario

@@ -1,4 +1,5 @@
-"""The run log: an append-only record of one run's laps, with O(1)-per-lap running aggregates for the exporter."""
+"""The run log: one run's recent laps (a bounded window, optionally every lap streamed to a JSONL file), with
+O(1)-per-lap running aggregates for the exporter and for summaries of runs longer than the window."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import collections
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from testbed.config import Scenario
 from testbed.core.decode import MODES
+from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
 
-DECODE_KINDS = ("decode", "spec", "tree")  # laps that produce decode tokens (prefill and probes do not)
+__all__ = ["DECODE_KINDS", "LAP_WINDOW", "RunLog", "RunningHistogram", "StreamsWindow"]
+
+LAP_WINDOW = 2048  # laps the run log keeps (a normal run fits: it is summarized from them, exactly as ever)
 RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
-MAX_HISTORY_POINTS = 2000
-QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps
+MAX_HISTORY_POINTS = 2000  # (and at most the window: every per-lap buffer is full once the window is)
+QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps (at most the window)
 SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
 STREAMS_MODE = "streams"
 STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
@@ -116,6 +121,10 @@ class HopAggregate:
     bytes_total: int = 0
     window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=QUANTILE_WINDOW_LAPS))
 
+    @classmethod
+    def over(cls, latency: RunningHistogram, window_laps: int) -> "HopAggregate":
+        return cls(latency, window=collections.deque(maxlen=min(QUANTILE_WINDOW_LAPS, window_laps)))
+
 
 @dataclass
 class ModeAggregate:
@@ -127,9 +136,16 @@ class ModeAggregate:
 
 
 class RunLog:
-    """Everything one run measured, appended as it happens. `summarize(log)` turns it into a RunSummary."""
+    """Everything one run measured, appended as it happens. `summarize(log)` turns it into a RunSummary.
 
-    def __init__(self, scenario: Scenario, *, metrics_url: str | None = None) -> None:
+    Memory is bounded by `window_laps`, not by the run's length: the latest laps (and every per-lap buffer) are
+    kept up to it; counts, sums, histograms and sketches (LapTotals) cover every lap; the first prompt's laps and
+    the token ids are kept whole. With `lap_log`, every lap is also written to that file as it arrives.
+    """
+
+    def __init__(self, scenario: Scenario, *, metrics_url: str | None = None, lap_log: Path | None = None,
+                 window_laps: int = LAP_WINDOW) -> None:
+        """lap_log: a file every lap is appended to as one JSON line (LapRecord.to_json) as it arrives."""
         self.scenario = scenario
         self.metrics_url = metrics_url
         self.shaper = "?"
@@ -139,10 +155,17 @@ class RunLog:
         self.phase = "starting"
         self.schedule_origin: float | None = None  # box time the link schedule counts from (the agents' run)
         self.started_at = time.monotonic()
-        self.laps: list[LapRecord] = []
+        self.laps: collections.deque[LapRecord] = collections.deque(maxlen=window_laps)  # the latest laps
+        self.lap_count = 0  # laps added, those the window has dropped included
+        self.first_prompt: list[LapRecord] = []  # the first prefill lap, or its chunks: the TTFT's laps, kept
+        self.totals = LapTotals(len(scenario.ring))  # what the summary needs from every lap
         self.probes: list[LapRecord] = []
-        self.token_ids: list[int] = []
-        self.history: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_HISTORY_POINTS)
+        self.token_ids: list[int] = []  # the first stream's tokens: the run's text (ids < 256 are shared ints)
+        self.stream_ids: dict[int, list[int]] = {}  # the streams mode: every stream's tokens, in lap order
+        self.lap_log = lap_log
+        self._lap_file = lap_log.open("a", encoding="utf-8") if lap_log is not None else None
+        self.history: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=min(MAX_HISTORY_POINTS, window_laps))
         self.generated_tokens: int | None = None
         self.agent_usage: dict[int, AgentUsage] = {}  # stage -> what the agent reported at its end
         self._recent: collections.deque[LapRecord] = collections.deque(maxlen=RATE_WINDOW_LAPS)
@@ -154,7 +177,7 @@ class RunLog:
         compute_buckets = latency_buckets([st.compute_ms / 1e3 for st in sc.stages])
         self.stages = [StageAggregate(RunningHistogram(compute_buckets), RunningHistogram(compute_buckets))
                        for _ in sc.stages]
-        self.hops = [HopAggregate(RunningHistogram(latency_buckets([link.delay_ms / 1e3])))
+        self.hops = [HopAggregate.over(RunningHistogram(latency_buckets([link.delay_ms / 1e3])), window_laps)
                      for link in sc.ring]
         self.decode_laps = 0
         self.decode_tokens = 0
@@ -185,6 +208,17 @@ class RunLog:
         self.stage_queue = [RunningHistogram(compute_buckets) for _ in sc.stages]
 
     @property
+    def complete(self) -> bool:
+        """Whether the window still holds every lap of the run."""
+        return len(self.laps) == self.lap_count
+
+    def close(self) -> None:
+        """Close the lap log file (laps are written through as they arrive; this only releases it)."""
+        if self._lap_file is not None:
+            self._lap_file.close()
+            self._lap_file = None
+
+    @property
     def streams_in_flight(self) -> int:
         """decode.streams less the streams that have produced all their decode.tokens tokens."""
         return self.scenario.decode.streams - self.streams_finished
@@ -195,7 +229,14 @@ class RunLog:
     def add_lap(self, record: LapRecord) -> None:
         """Append one lap and update every running aggregate: O(1) in the number of laps so far."""
         self.laps.append(record)
+        self.lap_count += 1
+        if self._lap_file is not None:
+            self._lap_file.write(record.to_json() + "\n")
+            self._lap_file.flush()
+        if record.kind == "prefill" and not self._first_prompt_done():
+            self.first_prompt.append(record)
         if record.mode == STREAMS_MODE:
+            self.stream_ids.setdefault(record.stream, []).extend(record.ids)
             before = self.stream_tokens[record.stream]
             self.stream_tokens[record.stream] += record.tokens
             if before < self.scenario.decode.tokens <= before + record.tokens:
@@ -203,11 +244,13 @@ class RunLog:
         if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
             self.token_ids.extend(record.ids)
         compute, real = record.stage_compute_s(), record.stage_real_s()
+        hops_s, hop_bytes = record.hop_latencies_s(), record.hop_bytes()
+        self.totals.add(record, hops_s, hop_bytes, compute, real)
         for aggregate, c, r in zip(self.stages, compute, real):
             aggregate.compute.observe(c)
             aggregate.real.observe(r)
         decode = record.kind in DECODE_KINDS
-        for aggregate, latency, size in zip(self.hops, record.hop_latencies_s(), record.hop_bytes()):
+        for aggregate, latency, size in zip(self.hops, hops_s, hop_bytes):
             aggregate.latency.observe(latency)
             aggregate.bytes_total += size
             if decode:
@@ -223,8 +266,8 @@ class RunLog:
         self.decode_wall_s += record.duration_s
         self.decode_compute_s += sum(compute)
         self.decode_real_s += sum(real)
-        self.decode_ring_s += record.ring_s
-        for i, size in enumerate(record.hop_bytes()[:len(self.decode_hop_bytes)]):
+        self.decode_ring_s += sum(hops_s)
+        for i, size in enumerate(hop_bytes[:len(self.decode_hop_bytes)]):
             self.decode_hop_bytes[i] += size
         if record.kind == "spec":
             k, accepted = record.extra["k"], record.extra["accepted"]
@@ -249,6 +292,10 @@ class RunLog:
         self._recent.append(record)
         rate = sum(lap.tokens for lap in self._recent) / sum(lap.duration_s for lap in self._recent)
         self.history.append((time.monotonic() - self.started_at, rate))
+
+    def _first_prompt_done(self) -> bool:
+        last = self.first_prompt[-1].extra if self.first_prompt else None
+        return last is not None and last.get("chunk", 0) + 1 >= last.get("chunks", 1)
 
     def streams_window(self) -> StreamsWindow | None:
         """The streams gauges' figures over streams_recent (computed at scrape time, not per lap)."""

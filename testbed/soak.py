@@ -2,16 +2,18 @@
 sampled from /proc, the live dashboard's and a Prometheus scrape's cost timed: memory flat, rate stable.
 
 The launcher runs here, in this process, as `python -m testbed run` runs it: a summary for the dashboard and a
-scrape every DASHBOARD_INTERVAL_S. RSS is fitted against laps after a warm-up (allocators settle, caches fill). The
-run log keeps every lap record for summarize(), so the launcher grows by design: what one record costs is measured
-on its own, and the launcher's gc-tracked objects are counted beyond the records, so that neither is a leak
-mistaken for the records' growth nor the other way round.
+scrape every DASHBOARD_INTERVAL_S. RSS is fitted against laps after a warm-up (allocators settle, caches fill, and
+the run log's window of recent laps fills: runlog.LAP_WINDOW). From there the launcher keeps running totals and a
+token id per lap, so its RSS is flat: what one record costs is measured on its own (while the window fills, the
+records are the launcher's growth by design), and the launcher's gc-tracked objects are counted beyond the records,
+so that neither is a leak mistaken for the records' growth nor the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import sys
@@ -37,7 +39,8 @@ SOAK_LAPS_QUICK = 1_000
 SOAK_SCALE = 0.01  # the geo ring at 1/100: hops 1.3 / 0.4 / 1.1 ms, 11 ms of emulated compute per stage -> 0.11 ms
 SAMPLE_INTERVAL_S = 0.2
 DASHBOARD_INTERVAL_S = 0.5  # dashboards.live.DEFAULT_INTERVAL_S: the live dashboard summarizes the run this often
-WARMUP_FRACTION = 0.1  # memory slopes are fitted over the laps after this share of the run
+WARMUP_FRACTION = 0.1  # memory slopes are fitted over the laps after this share of the run (and the window's fill)
+WINDOW_FILL_MARGIN = 1.1  # the warm-up lasts at least this many run log windows (prefill laps share the window)
 FOOTPRINT_END = 0.95  # the launcher's heap is counted after the warm-up and at this share of the run
 PER_RECORD_SAMPLE = 200  # lap records measured to find what one retains
 RUN_TIMEOUT_S = 1800.0
@@ -59,6 +62,7 @@ class Sample:
 class ProcessMemory:
     name: str
     start_mb: float  # at the first decode lap
+    warm_mb: float  # at the end of the warm-up (SoakResult.warm_laps)
     middle_mb: float
     end_mb: float  # at FOOTPRINT_END of the run (after it, the final summary and teardown)
     slope_mb_per_1000: float  # least-squares fit of RSS against laps, from the warm-up to FOOTPRINT_END
@@ -69,6 +73,8 @@ class SoakResult:
     laps: int
     tokens: int
     run_s: float
+    warm_laps: int  # the end of the warm-up: memory is fitted from here to FOOTPRINT_END of the run
+    end_laps: int
     predicted_tok_s: float | None
     first_tenth_tok_s: float
     last_tenth_tok_s: float
@@ -82,12 +88,19 @@ class SoakResult:
         return next(m for m in self.memory if m.name == name)
 
     @property
+    def launcher_growth_mb(self) -> float:
+        """What the launcher's RSS grew by between warm_laps and end_laps."""
+        launcher = self.process(LAUNCHER)
+        return launcher.end_mb - launcher.warm_mb
+
+    @property
     def launcher_unexplained_mb_per_1000(self) -> float:
         """The launcher's RSS growth beyond what its lap log retains (the allocator's share, or a leak)."""
         return self.process(LAUNCHER).slope_mb_per_1000 - self.lap_log_mb_per_1000
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"launcher_unexplained_mb_per_1000": self.launcher_unexplained_mb_per_1000}
+        return dataclasses.asdict(self) | {"launcher_unexplained_mb_per_1000": self.launcher_unexplained_mb_per_1000,
+                                           "launcher_growth_mb": self.launcher_growth_mb}
 
 
 def soak_scenario(laps: int) -> Scenario:
@@ -152,7 +165,7 @@ class Footprint:
     references is all it allocates): walking the whole run log here would lift the RSS being measured."""
 
     laps: int
-    lap_records: int  # len(runlog.laps)
+    lap_records: int  # len(runlog.laps): the window's records
     objects: int  # every gc-tracked object in the process
     own: int  # of them, this soak's own samples
 
@@ -199,7 +212,8 @@ def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: 
     for name in names:
         have = [s for s in running if name in s.rss_mb]
         window = [s for s in have if warm.laps <= s.laps < end.laps]
-        memory.append(ProcessMemory(name, have[0].rss_mb[name], nearest(have, laps / 2).rss_mb[name],
+        memory.append(ProcessMemory(name, have[0].rss_mb[name], window[0].rss_mb[name] if window else float("nan"),
+                                    nearest(have, laps / 2).rss_mb[name],
                                     window[-1].rss_mb[name] if window else float("nan"), fit_slope(window, name)))
     first, last = running[0], running[-1]
 
@@ -208,7 +222,7 @@ def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: 
 
     grown = end.laps - warm.laps
     records_per_lap = (end.lap_records - warm.lap_records) / grown if grown else float("nan")
-    return SoakResult(laps, last.tokens, run_s, predicted_tok_s,
+    return SoakResult(laps, last.tokens, run_s, warm.laps, end.laps, predicted_tok_s,
                       rate_between(first, nearest(running, laps / 10)),
                       rate_between(nearest(running, laps * 0.9), last),
                       tuple(memory), per_record.bytes * records_per_lap * 1000 / 2**20,
@@ -216,19 +230,30 @@ def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: 
                       (cost_near(0.1, 1), cost_near(0.95, 1)), (cost_near(0.1, 2), cost_near(0.95, 2)))
 
 
-async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTION,
+def warmup_laps(laps: int, warmup_fraction: float, window_laps: int) -> float:
+    """Where the fitted stretch starts: after warmup_fraction of the run and the run log's window filled (unless
+    the window takes half the run: then the records' growth is measured as such)."""
+    filled = WINDOW_FILL_MARGIN * window_laps
+    return max(warmup_fraction * laps, filled) if filled < 0.5 * laps else warmup_fraction * laps
+
+
+async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTION, window_laps: int | None = None,
                log: Callable[[str], None] = lambda message: None) -> SoakResult:
-    """Run the soak ring for `laps` decode laps in this process and measure it (userspace relay, no dilation)."""
+    """Run the soak ring for `laps` decode laps in this process and measure it (userspace relay, no dilation).
+
+    window_laps: the run log's window (default runlog.LAP_WINDOW)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from testbed.collector import RunCollector
     from testbed.launcher import Launcher, prepare
-    from testbed.runlog import RunLog
+    from testbed.runlog import LAP_WINDOW, RunLog
     from testbed.summarize import summarize
 
+    window_laps = window_laps or LAP_WINDOW
+    warm_at = warmup_laps(laps, warmup_fraction, window_laps)
     scenario = soak_scenario(laps)
     shaper, dilation = await prepare(scenario, "userspace", dilation=1.0, log=log)
-    runlog = RunLog(scenario)
+    runlog = RunLog(scenario, window_laps=window_laps)
     launcher = Launcher(scenario, shaper, runlog, log=log, dilation=dilation)
     samples: list[Sample] = []
     costs: list[tuple[int, float, float]] = []  # (laps, summarize CPU s, scrape CPU s)
@@ -257,7 +282,7 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
                 summarized = time.process_time()
                 generate_latest(registry)
                 costs.append((runlog.decode_laps, summarized - started, time.process_time() - summarized))
-            if len(footprints) < 2 and runlog.decode_laps >= (warmup_fraction, FOOTPRINT_END)[len(footprints)] * laps:
+            if len(footprints) < 2 and runlog.decode_laps >= (warm_at, FOOTPRINT_END * laps)[len(footprints)]:
                 footprints.append(Footprint.now(runlog, samples, costs))
             await trio.sleep(DASHBOARD_INTERVAL_S)
 
@@ -271,7 +296,7 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
     run_s = time.monotonic() - started
     if len(footprints) < 2:
         raise TestbedError(f"the soak ended after {runlog.decode_laps} decode laps of {laps}")
-    per_record = RecordCost.of(runlog.laps[-PER_RECORD_SAMPLE:])
+    per_record = RecordCost.of(list(itertools.islice(reversed(runlog.laps), PER_RECORD_SAMPLE)))
     return analyse(samples, costs, summary.laps, run_s, summary.predicted_tok_s, per_record, *footprints)
 
 
@@ -292,7 +317,9 @@ def soak_report(r: SoakResult) -> list[str]:
     predicted = f" (predicted {r.predicted_tok_s:.1f})" if r.predicted_tok_s else ""
     return [f"soak: {r.laps:,} laps in {r.run_s:.0f} s; rate {r.first_tenth_tok_s:.1f} tok/s in the first tenth, "
             f"{r.last_tenth_tok_s:.1f} in the last{predicted}; RSS start/middle/end (slope MB per 1000 laps): {memory}",
-            f"soak: the run log's lap records retain {r.lap_log_mb_per_1000:.3f} MB per 1000 laps; beyond them the "
+            f"soak: launcher RSS {r.process(LAUNCHER).warm_mb:.1f} -> {r.process(LAUNCHER).end_mb:.1f} MB from lap "
+            f"{r.warm_laps:,} to lap {r.end_laps:,} ({r.launcher_growth_mb:+.2f} MB); "
+            f"the run log's lap records retain {r.lap_log_mb_per_1000:.3f} MB per 1000 laps; beyond them the "
             f"launcher grew {r.launcher_unexplained_mb_per_1000:+.3f} MB and {r.launcher_objects_per_1000:+.0f} "
             f"objects per 1000 laps; CPU of one dashboard summary {r.summarize_ms[0]:.1f} -> {r.summarize_ms[1]:.1f} "
             f"ms, "

@@ -8,6 +8,7 @@ import numpy as np
 
 from testbed.config import Scenario
 from testbed.core import physics
+from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import PerKRow, SpecRates, SpecSummary
 
@@ -17,15 +18,27 @@ ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 def rate_figures(rounds: Sequence[LapRecord], t_ring_s: float, alpha: float) -> SpecRates:
     """Measured and predicted figures of a set of rounds (all rounds of a run, or those at one K)."""
     ks = [lap.extra["k"] for lap in rounds]
-    gamma_measured = float(np.mean([lap.tokens for lap in rounds]))
-    draft_s = float(np.mean([lap.extra["draft_s"] for lap in rounds]))
-    compute = float(np.mean([lap.compute_s for lap in rounds]))
-    gamma_predicted = float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks]))
+    return _rates(len(rounds), float(np.mean([lap.tokens for lap in rounds])),
+                  float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks])),
+                  float(np.mean([lap.extra["draft_s"] for lap in rounds])), float(np.mean(ks)),
+                  float(np.mean([lap.compute_s for lap in rounds])),
+                  float(np.mean([lap.duration_s for lap in rounds])),
+                  sum(lap.tokens for lap in rounds) / sum(lap.duration_s for lap in rounds), t_ring_s)
+
+
+def rate_figures_of(totals: RoundTotals, gamma_predicted: float, t_ring_s: float) -> SpecRates:
+    """rate_figures from running sums (a run longer than the run log's window)."""
+    n = totals.rounds
+    return _rates(n, totals.tokens / n, gamma_predicted, totals.draft_s / n, totals.drafted / n,
+                  totals.compute_s / n, totals.duration_s / n, totals.tokens / totals.duration_s, t_ring_s)
+
+
+def _rates(rounds: int, gamma_measured: float, gamma_predicted: float, draft_s: float, mean_k: float, compute: float,
+           round_s: float, measured_tok_s: float, t_ring_s: float) -> SpecRates:
     return SpecRates(
-        rounds=len(rounds), gamma_measured=gamma_measured, gamma_predicted=gamma_predicted,
-        draft_s=draft_s, draft_per_token_s=draft_s / float(np.mean(ks)), verify_compute_s=compute,
-        round_s=float(np.mean([lap.duration_s for lap in rounds])),
-        measured_tok_s=sum(lap.tokens for lap in rounds) / sum(lap.duration_s for lap in rounds),
+        rounds=rounds, gamma_measured=gamma_measured, gamma_predicted=gamma_predicted,
+        draft_s=draft_s, draft_per_token_s=draft_s / mean_k, verify_compute_s=compute,
+        round_s=round_s, measured_tok_s=measured_tok_s,
         # r_spec = Gamma / (K c_d + C + T_ring): measured Gamma, K c_d and C; configured T_ring
         predicted_tok_s=gamma_measured / (draft_s + compute + t_ring_s),
         # the same with Gamma(alpha_hat, K) in place of the measured Gamma: the formula end to end
@@ -47,8 +60,36 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
             drafted_per_pos[i] += 1
             accepted_per_pos[i] += int(i < lap.extra["accepted"])
     t_ring = scenario.t_ring_s
-    overall = rate_figures(rounds, t_ring, alpha)
-    k_range = max(scenario.decode.k_max, max(ks))
+    by_k = {k: rate_figures([lap for lap in rounds if lap.extra["k"] == k], t_ring, alpha) for k in sorted(set(ks))}
+    return _spec_summary(scenario, rate_figures(rounds, t_ring, alpha), by_k, alpha, rounds[-1].extra,
+                         k_mean=float(np.mean(ks)), drafted=sum(ks), accepted=sum(lap.extra["accepted"] for lap in rounds),
+                         drafted_per_pos=drafted_per_pos, accepted_per_pos=accepted_per_pos)
+
+
+def summarize_spec_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary | None:
+    """summarize_spec over every round of a run longer than the run log's window, from its running totals."""
+    spec = totals.spec
+    if not spec.overall.rounds:
+        return None
+    alpha = spec.overlap_sum / spec.overall.drafted
+    t_ring = scenario.t_ring_s
+
+    def gamma_predicted(rounds_at: dict[int, int]) -> float:  # the mean of Gamma(alpha, K) over the rounds
+        return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in rounds_at.items()) / sum(rounds_at.values())
+
+    overall = rate_figures_of(spec.overall, gamma_predicted({k: t.rounds for k, t in spec.by_k.items()}), t_ring)
+    by_k = {k: rate_figures_of(spec.by_k[k], gamma_predicted({k: 1}), t_ring) for k in sorted(spec.by_k)}
+    return _spec_summary(scenario, overall, by_k, alpha, spec.last_extra, k_mean=spec.overall.drafted / spec.overall.rounds,
+                         drafted=spec.overall.drafted, accepted=spec.accepted,
+                         drafted_per_pos=spec.drafted_per_position, accepted_per_pos=spec.accepted_per_position)
+
+
+def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRates], alpha: float, last: dict, *,
+                  k_mean: float, drafted: int, accepted: int, drafted_per_pos: list[int],
+                  accepted_per_pos: list[int]) -> SpecSummary:
+    """The SpecSummary of rounds already reduced to their rates (overall and per K, K ascending) and counts."""
+    t_ring = scenario.t_ring_s
+    k_range = max(scenario.decode.k_max, max(by_k))
     timings = (overall.draft_per_token_s, overall.verify_compute_s, t_ring)
     k_star, r_star = physics.best_k(min(alpha, ALPHA_CAP), *timings, k_range)
     survival = physics.survival_curve(drafted_per_pos, accepted_per_pos)
@@ -56,24 +97,23 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
     if survival:
         tail = min(physics.survival_tail(survival, alpha), ALPHA_CAP)
         k_star_survival, r_star_survival = physics.best_k_survival(survival, tail, *timings, k_range)
-    last = rounds[-1].extra
     per_k = None
     k_star_measured = k_star_predicted = None
-    if len(set(ks)) > 1 and not last["k_auto"]:
+    if len(by_k) > 1 and not last["k_auto"]:
         rows = []
-        for k in sorted(set(ks)):
-            at_k = [lap for lap in rounds if lap.extra["k"] == k]
+        for k, rates in by_k.items():
             # the curve predicted from this run's alpha_hat, c_d and C, at this K
             formula = physics.spec_rate(min(alpha, 1.0), k, overall.draft_per_token_s, overall.verify_compute_s,
                                         t_ring)
-            rows.append(PerKRow(**rate_figures(at_k, t_ring, alpha).to_dict(), k=k, formula_tok_s=formula))
+            rows.append(PerKRow(**rates.to_dict(), k=k, formula_tok_s=formula))
         per_k = tuple(rows)
         k_star_measured = max(rows, key=lambda row: row.measured_tok_s).k
         k_star_predicted = max(rows, key=lambda row: row.formula_tok_s).k
+    k_last = last["k"]
     return SpecSummary(
         **overall.to_dict(),
-        k=ks[-1] if len(set(ks)) == 1 else round(float(np.mean(ks)), 2), k_last=ks[-1], k_auto=bool(last["k_auto"]),
-        draft=last["draft"], drafted=sum(ks), accepted=sum(lap.extra["accepted"] for lap in rounds), alpha=alpha,
+        k=k_last if len(by_k) == 1 else round(k_mean, 2), k_last=k_last, k_auto=bool(last["k_auto"]),
+        draft=last["draft"], drafted=drafted, accepted=accepted, alpha=alpha,
         alpha_dialled=scenario.decode.alpha if last["draft"] == "calibrated" else None,
         acceptance_per_position=tuple(a / d for a, d in zip(accepted_per_pos, drafted_per_pos)),
         k_star=k_star, k_star_tok_s=r_star, k_star_survival=k_star_survival, k_star_survival_tok_s=r_star_survival,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -35,18 +36,6 @@ def self_check(log: RunLog) -> tuple[LinkCheck, ...] | None:
     return tuple(checks)
 
 
-def first_prefill(laps: list[LapRecord]) -> list[LapRecord]:
-    """The laps of the run's first prompt: one prefill lap, or its chunks (extra chunk/chunks) in order."""
-    group = []
-    for lap in laps:
-        if lap.kind != "prefill":
-            continue
-        group.append(lap)
-        if lap.extra.get("chunk", 0) + 1 >= lap.extra.get("chunks", 1):
-            break
-    return group
-
-
 def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
     """The first prompt against C_prefill(P) + T_ring + its serialization (Eq. 5; pipelined over the stages
     when it went in chunks: physics.ttft_pipelined), with the measured compute and configured links."""
@@ -71,15 +60,20 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
                        chunks=len(chunks))
 
 
-def summarize(log: RunLog) -> RunSummary:
-    """Every figure of the run so far, next to its closed form (configured links, measured compute)."""
+# Mode summaries of a run longer than the run log's window. A mode with a running summarizer is summarized from
+# LapTotals over every lap; the others from the window's laps (means and rates of the recent laps), with these
+# fields (RunSummary part's field -> lap kind) counted over the whole run.
+RUNNING_SUMMARIZERS = {"speculative": "testbed.spec_summary:summarize_spec_totals"}
+WINDOW_COUNTS = {"tree": {"rounds": "tree"}, "dsd": {"rounds": "spec"}, "tp": {"tokens": "decode"}}
+
+
+def from_laps(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], float | None]:
+    """Per-hop and per-stage figures and the lap residual from the laps themselves (the window holds them all)."""
     sc = log.scenario
-    decode = [lap for lap in log.laps if lap.kind in DECODE_KINDS]
-    compute = log.mean_compute_s
-    measured = log.measured_tok_s
-    predicted = predict.predicted_tok_s(log)
+    laps = list(log.laps)
+    decode = [lap for lap in laps if lap.kind in DECODE_KINDS]
     # (an edge client's rounds carry no stamps: the entry's verify laps have the hops)
-    hop_samples = [lap.hop_latencies_s() for lap in ([lap for lap in decode if len(lap.stamps) > 1] or log.laps)]
+    hop_samples = [lap.hop_latencies_s() for lap in ([lap for lap in decode if len(lap.stamps) > 1] or laps)]
     per_hop = []
     for i, link in enumerate(sc.ring):  # (a tensor-parallel lap has no hops: its stamp is rank 0's alone)
         samples = [hops[i] * 1e3 for hops in hop_samples if len(hops) > i]
@@ -87,7 +81,6 @@ def summarize(log: RunLog) -> RunSummary:
                  or [lap.hop_bytes()[i] for lap in decode if len(lap.hop_bytes()) > i])
         per_hop.append(HopSummary(link.name, link.delay_ms, _percentile(samples, 50), _percentile(samples, 99),
                                   int(np.mean(sizes)) if sizes else None))
-    overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
     stage_compute = np.array([lap.stage_compute_s() for lap in decode]) if decode else None  # [laps, stages]
     stage_real = np.array([lap.stage_real_s() for lap in decode]) if decode else None
     measured_stage = decode and stage_compute.ndim == 2
@@ -95,23 +88,64 @@ def summarize(log: RunLog) -> RunSummary:
                                    float(stage_compute[:, i].mean()) * 1e3 if measured_stage and i < stage_compute.shape[1] else None,
                                    float(stage_real[:, i].mean()) * 1e3 if measured_stage and i < stage_real.shape[1] else None)
                       for i, st in enumerate(sc.stages))
-    prefill = [lap for lap in log.laps if lap.kind == "prefill"]
-    ttft = ttft_summary(first_prefill(log.laps), sc) if prefill else None
-    mode_summaries = {}
-    info = MODES[sc.decode.mode]
-    if info.summarizer is not None:
-        mode_summaries[info.summary_field] = resolve(info.summarizer)(log.laps, sc)
-    # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
-    headline = next((m.headline for m in mode_summaries.values() if hasattr(m, "headline")), None)
     # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
     residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.extra.get("draft_s", 0.0)
                                for lap in decode])) * 1e3 if decode else None)
+    return per_hop, per_stage, residual
+
+
+def from_totals(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], float | None]:
+    """The same figures from the run log's running totals: O(stages + hops), whatever the number of laps."""
+    totals = log.totals
+    per_hop = [HopSummary(link.name, link.delay_ms, *totals.hop_percentiles_ms(i, [50, 99]), totals.hop_bytes_mean(i))
+               for i, link in enumerate(log.scenario.ring)]
+    per_stage = tuple(StageSummary(i, st.name, st.compute_ms, totals.stage_mean_ms(i), totals.stage_mean_ms(i, real=True))
+                      for i, st in enumerate(log.scenario.stages))
+    residual = totals.residual.mean
+    return per_hop, per_stage, residual * 1e3 if residual is not None else None
+
+
+def mode_summary(log: RunLog):
+    """The decode mode's own part of the summary (None for a mode without one)."""
+    info, sc = MODES[log.scenario.decode.mode], log.scenario
+    if info.summarizer is None:
+        return None
+    if log.complete:
+        return resolve(info.summarizer)(list(log.laps), sc)
+    if info.name in RUNNING_SUMMARIZERS:
+        return resolve(RUNNING_SUMMARIZERS[info.name])(log.totals, sc)
+    part = resolve(info.summarizer)(list(log.laps), sc)
+    if part is None:
+        return None
+    counts = {name: log.totals.kinds[kind] for name, kind in WINDOW_COUNTS.get(info.name, {}).items()}
+    if hasattr(part, "texts"):  # every stream's whole text, not the window's
+        counts["texts"] = tuple(decode_bytes(log.stream_ids[s]) for s in sorted(log.stream_ids))
+    return dataclasses.replace(part, **counts)
+
+
+def summarize(log: RunLog) -> RunSummary:
+    """Every figure of the run so far, next to its closed form (configured links, measured compute).
+
+    A run the window holds is summarized from its laps; a longer one from running totals (means over every lap,
+    percentiles within lapstats.QuantileSketch's resolution): either way the cost is bounded by the window.
+    """
+    sc = log.scenario
+    compute = log.mean_compute_s
+    measured = log.measured_tok_s
+    predicted = predict.predicted_tok_s(log)
+    per_hop, per_stage, residual = from_laps(log) if log.complete else from_totals(log)
+    overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
+    ttft = ttft_summary(log.first_prompt, sc) if log.first_prompt else None
+    info = MODES[sc.decode.mode]
+    mode_summaries = {info.summary_field: mode_summary(log)} if info.summarizer is not None else {}
+    # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
+    headline = next((m.headline for m in mode_summaries.values() if hasattr(m, "headline")), None)
     return RunSummary(
         scenario=sc.name, description=sc.description, shaper=log.shaper, shaper_reason=log.shaper_reason,
         phase=log.phase, mode=sc.decode.mode, stages=sc.n_stages, stage_names=tuple(s.name for s in sc.stages),
         hops_ms=tuple(link.delay_ms for link in sc.ring), tokens=log.decode_tokens, laps=log.decode_laps,
         wall_s=log.decode_wall_s, compute_s=compute, compute_real_s=log.mean_real_s, t_ring_s=sc.t_ring_s,
-        t_ring_measured_s=log.mean_ring_s if sc.n_stages > 1 else (0.0 if decode else None),
+        t_ring_measured_s=log.mean_ring_s if sc.n_stages > 1 else (0.0 if log.decode_laps else None),
         measured_tok_s=headline[0] if headline else measured,
         predicted_tok_s=headline[1] if headline else predicted,
         error_pct=(headline[2] if headline else (measured / predicted - 1) * 100 if measured and predicted else None),

@@ -28,3 +28,15 @@ def pytest_terminal_summary(terminalreporter):
     for reason in reasons:
         terminalreporter.write_line(f"  {reason}")
     terminalreporter.write_line("  Install everything the suite needs (as root): make system-deps")
+
+
+@pytest.fixture
+def hosts():
+    """Three network namespaces as hosts (tests/hostsutil.py), removed afterwards with anything left in them."""
+    from tests.hostsutil import Hosts
+
+    made = Hosts()
+    try:
+        yield made
+    finally:
+        made.close()

@@ -65,3 +65,51 @@ def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
     mean, _ = loss_lap_s(lossy.compute_s, base.t_ring_s, 3, lost, base.loss_rto_ms / 1e3)
     assert 1 / lossy.measured_tok_s == pytest.approx(mean + overhead, rel=0.05)
     assert 1 / lossy.measured_tok_s > 1.05 / clean.measured_tok_s  # ~3 ms of timeouts a lap on a 31 ms lap
+
+
+def test_the_kernel_tcp_reader_parses_this_namespace():
+    """/proc/thread-self/net of the test's own namespace: the counters are there, and established connections
+    count as senders (RTO) or receivers (ATO) by whether their local port listens."""
+    import socket
+
+    from testbed.faults import read_namespace_tcp
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with client, accepted:
+            values = read_namespace_tcp()
+    assert {"TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "RetransSegs"} <= set(values)
+    assert values["rto_n"] >= 1 and values["ato_n"] >= 1 and values["rto_sum"] / values["rto_n"] >= 200
+
+
+def test_a_netem_table_prices_the_kernels_recovery_next_to_the_relay_model():
+    import io
+
+    from rich.console import Console
+
+    from testbed.faults import FaultRow, FaultsResult, KernelTcp, table
+
+    clean = FaultRow("loss", 0.0, 20, 31.0, 33.0, 31.0, 31.0, 0.0, True)
+    lossy = FaultRow("loss", 5.0, 20, 50.0, 250.0, 34.0, 51.0, 47.0, True, 3.0, 33.0, 19.0, 3.0, 215.0,
+                     KernelTcp(0, 3, 3, 3, 230.0, 40.0))
+    console = Console(file=io.StringIO(), width=400)
+    console.print(table(FaultsResult("geo-ring", "netem", 3.0, 28.0, 20.0, (clean, lossy), 3)))
+    text = " ".join(console.file.getvalue().split())  # the caption wraps at the table's width
+    assert "19.0 / 3.0" in text and "215" in text  # measured penalty per lap / the relay's N p RTO; one loss's cost
+    assert "0 RTO expiries + 3 tail-loss probes (3 repaired)" in text and "N x 3.00% lost x 215 ms = 19.3 ms/lap" in text
+    userspace = Console(file=io.StringIO(), width=200)
+    userspace.print(table(FaultsResult("geo-ring", "userspace", 3.0, 28.0, 20.0, (clean,), 3)))
+    assert "per loss" not in userspace.file.getvalue()
+
+
+def test_shapers_are_a_checked_list():
+    import argparse
+
+    from testbed.core.errors import ConfigError
+    from testbed.faults import shapers_of
+
+    assert shapers_of(argparse.Namespace(shaper="auto", shapers="userspace,netem")) == ["userspace", "netem"]
+    assert shapers_of(argparse.Namespace(shaper="netem")) == ["netem"]
+    with pytest.raises(ConfigError, match="--shapers"):
+        shapers_of(argparse.Namespace(shaper="auto", shapers="userspace,tc"))

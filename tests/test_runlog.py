@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from testbed.collector import RunCollector
+from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
+from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
 from testbed.runlog import RunLog, latency_buckets
 from testbed.summarize import summarize
@@ -88,3 +93,73 @@ def test_run_buckets_resolve_the_configured_latency_to_half_a_percent(configured
     assert interpolated_quantile(buckets, configured_s * 1.002) == pytest.approx(configured_s * 1.002, rel=0.005)
     # the old fixed buckets read a constant 130 ms as 125 ms
     assert interpolated_quantile((0.1, 0.15), 0.130) == pytest.approx(0.125)
+
+
+def varied(mode: str, laps: int, window_laps: int, **kwargs) -> RunLog:
+    """A run of `laps` laps whose hops jitter and whose rounds vary K (to 5) and acceptance: a two-chunk prompt first."""
+    log = RunLog(fake_scenario(mode), window_laps=window_laps, **kwargs)
+    first = fake_lap(0, 0.0, spec=False)
+    for chunk in range(2):
+        log.add_lap(dataclasses.replace(first, kind="prefill", mode=mode, n_tok=16, ids=(),
+                                        extra={"chunk": chunk, "chunks": 2}))
+    for i in range(laps):
+        lap = fake_lap(i, i * 0.1, spec=mode == "speculative")
+        if mode == "speculative":
+            k = 2 + i % 4
+            lap = dataclasses.replace(lap, extra=lap.extra | {"k": k, "accepted": (i * 7) % (k + 1),
+                                                              "overlap_sum": 0.3 * k + 0.01 * (i % 5),
+                                                              "draft_s": 0.001 * k * (1 + 0.1 * (i % 3))})
+        stamps = tuple(dataclasses.replace(s, recv=s.recv + 1e-4 * ((i * 13 + s.stage) % 10)) for s in lap.stamps)
+        log.add_lap(dataclasses.replace(lap, stamps=stamps))
+    return log
+
+
+def assert_close(whole, windowed, path: str = "summary") -> None:
+    """Equal but for rounding, and percentiles (in ms) within the sketch's accuracy, twice over."""
+    if isinstance(whole, dict):
+        assert whole.keys() == windowed.keys(), path
+        for key in whole:
+            assert_close(whole[key], windowed[key], f"{path}.{key}")
+    elif isinstance(whole, list | tuple):
+        assert len(whole) == len(windowed), path
+        for i, (a, b) in enumerate(zip(whole, windowed)):
+            assert_close(a, b, f"{path}[{i}]")
+    elif isinstance(whole, float):
+        if "_p" in path or "overhead" in path:
+            assert windowed == pytest.approx(whole, rel=2 * SKETCH_RELATIVE_ACCURACY, abs=2 * SKETCH_RESOLUTION * 1e3), path
+        else:
+            assert windowed == pytest.approx(whole, rel=1e-9, abs=1e-12), path
+    else:
+        assert windowed == whole, path
+
+
+@pytest.mark.parametrize("mode", ["plain", "speculative"])
+def test_a_run_longer_than_the_window_is_summarized_over_every_lap(mode):
+    laps = 600
+    whole, windowed = varied(mode, laps, window_laps=10_000), varied(mode, laps, window_laps=64)
+    assert whole.complete and not windowed.complete and len(windowed.laps) == 64
+    a, b = (summarize(log).to_dict() for log in (whole, windowed))
+    for summary in (a, b):
+        del summary["history"]  # stamped with the launcher's clock
+    assert b["laps"] == laps and b["ttft"]["chunks"] == 2 and len(b["text"]) == (laps if mode == "plain" else 0)
+    assert_close(a, b)
+
+
+def test_every_lap_is_streamed_to_the_lap_log(tmp_path):
+    path = tmp_path / "laps.jsonl"
+    log = varied("plain", 100, window_laps=16, lap_log=path)
+    log.close()
+    records = [LapRecord.from_json(line) for line in path.read_text().splitlines()]
+    assert len(records) == log.lap_count == 102 and records[-16:] == list(log.laps)
+    assert [r.kind for r in records[:3]] == ["prefill", "prefill", "decode"]
+
+
+def test_the_quantile_sketch_reads_within_its_relative_accuracy():
+    values = [0.0005 * (1 + (i * 37 % 1000) / 100) for i in range(5000)] + [-0.001, 0.0, 0.13, 0.1301]
+    sketch = QuantileSketch()
+    for value in values:
+        sketch.add(value)
+    for q, got in zip((0, 1, 50, 99, 100), sketch.percentiles([0, 1, 50, 99, 100])):
+        assert got == pytest.approx(float(np.percentile(values, q)), rel=SKETCH_RELATIVE_ACCURACY,
+                                    abs=SKETCH_RESOLUTION)
+    assert QuantileSketch().percentiles([50]) == [None]

@@ -1,8 +1,12 @@
-"""The soak, shortened: a fast ring for 2,000 laps; no process may grow by as much as a leak of one frame a lap."""
+"""The soak, shortened: a fast ring for 2,000 laps; no process may grow by as much as a leak of one frame a lap.
+And the launcher's run log, on synthetic laps: flat in memory and in the cost of a summary past its window."""
 
 import dataclasses
+import gc
 import json
 import math
+import time
+import tracemalloc
 
 import pytest
 import trio
@@ -12,7 +16,10 @@ from agents.train import MODEL_CONFIGS
 from testbed.bench import synthetic_lap_line
 from testbed.config import load_scenario
 from testbed.core.records import LapRecord
-from testbed.soak import LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, soak, soak_report
+from testbed.runlog import LAP_WINDOW, RunLog
+from testbed.soak import LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, soak, soak_report, warmup_laps
+from testbed.summarize import summarize
+from tests.fakes import fake_lap, fake_scenario
 
 LAPS = 2_000
 WARMUP_FRACTION = 0.25  # the entry's allocators settle over its first context windows (~190 laps each)
@@ -25,6 +32,15 @@ SLOPE_BOUND_MB_PER_1000 = 0.75 * LEAK_MB_PER_1000
 # The launcher's Python objects beyond its lap log: a leak of anything per lap is >= 1000 per 1000 laps.
 LEAK_OBJECTS_PER_1000 = 100
 RATE_DROP_LIMIT = 0.7  # the last tenth's rate over the first's: a per-lap cost growing with the laps shows here
+SOAK_WINDOW_LAPS = 400  # the slow soak's run log window: full after a fifth of its laps, then the launcher is flat
+# The launcher once its window is full: a run log that kept every record grew ~2 MB per 1000 laps; measured here,
+# 0.05 over 10,000 laps and up to ~0.45 over 2,000 (its latency sketches still meet new values then).
+LAUNCHER_SLOPE_BOUND_MB_PER_1000 = 1.0
+# The run log past its window: a token id per lap (4 bytes) and bounded sketches. A list of every record would keep
+# ~2 KB a lap: 14 MB over the 7,000 laps measured.
+RUN_LOG_LAPS = (3_000, 10_000)
+RUN_LOG_GROWTH_BOUND_MB = 0.5
+SUMMARY_COST_RATIO_BOUND = 1.6  # a summary at 10,000 laps over one at 3,000 (an O(laps) summary: ~3.3)
 
 
 def check(result: SoakResult) -> None:
@@ -33,13 +49,16 @@ def check(result: SoakResult) -> None:
     assert all(math.isfinite(s) and s < SLOPE_BOUND_MB_PER_1000 for s in grown.values()), grown
     assert result.launcher_objects_per_1000 < LEAK_OBJECTS_PER_1000, result.launcher_objects_per_1000
     assert result.last_tenth_tok_s > RATE_DROP_LIMIT * result.first_tenth_tok_s, result
+    if result.lap_log_mb_per_1000 == 0:  # the window was full from the warm-up on: the launcher is flat too
+        assert result.process(LAUNCHER).slope_mb_per_1000 < LAUNCHER_SLOPE_BOUND_MB_PER_1000, result.memory
 
 
 @pytest.mark.slow
 def test_a_fast_ring_keeps_its_memory_flat_and_its_rate():
-    result = trio.run(lambda: soak(LAPS, warmup_fraction=WARMUP_FRACTION))
+    result = trio.run(lambda: soak(LAPS, warmup_fraction=WARMUP_FRACTION, window_laps=SOAK_WINDOW_LAPS))
     print("\n".join(soak_report(result)))
     assert result.laps >= LAPS * 0.95  # a context refill is a prefill lap, not a decode lap
+    assert result.lap_log_mb_per_1000 == 0  # the records stopped growing at the window
     check(result)
 
 
@@ -73,3 +92,78 @@ def test_what_a_lap_record_costs_is_measured_as_the_launcher_builds_it():
     assert cost.tracked == 6  # the record, its stamps tuple, three stamps, the head timing
     assert 1000 < cost.bytes < 4000
     assert dataclasses.asdict(cost) == {"bytes": cost.bytes, "tracked": 6}
+
+
+def flat_synthetic(launcher_mb_per_1000: float) -> SoakResult:
+    """A soak past its window: no lap records grow, the launcher's RSS grows by `launcher_mb_per_1000`."""
+    per_record = RecordCost(2000, 6)
+    samples = [Sample(laps / 100, laps, laps, laps / 100,
+                      {LAUNCHER: 230 + launcher_mb_per_1000 * laps / 1000, "hong-kong": 243.0, "dublin": 240.0,
+                       "new-york": 240.0, "relay": 26.0})
+               for laps in range(0, LAPS + 1, 20)]
+    warm, end = Footprint(500, 400, 50_000, 0), Footprint(1900, 400, 50_000, 0)
+    return analyse(samples, [(500, 0.002, 0.007), (1900, 0.002, 0.007)], LAPS, 20.0, 150.0, per_record, warm, end)
+
+
+def test_past_its_window_the_launcher_must_stay_flat():
+    flat = flat_synthetic(0.0)
+    check(flat)
+    assert flat.lap_log_mb_per_1000 == 0 and flat.launcher_growth_mb == pytest.approx(0.0, abs=0.05)
+    assert "from lap 500 to lap 1,900 (+0.00 MB)" in soak_report(flat)[1]
+    with pytest.raises(AssertionError):  # a run log that keeps every record after all: ~1.9 MB per 1000 laps
+        check(flat_synthetic(2000 * 1000 / 2**20))
+
+
+def test_the_warm_up_waits_for_the_window_to_fill():
+    assert warmup_laps(10_000, 0.1, LAP_WINDOW) == pytest.approx(1.1 * LAP_WINDOW)  # lap ~2,250 of 10,000
+    assert warmup_laps(2_000, 0.25, 400) == 500
+    assert warmup_laps(1_000, 0.1, LAP_WINDOW) == 100  # the window is the run: its records' growth is measured
+
+
+def fed_laps(log: RunLog, laps: range, *, text: bool = True) -> None:
+    """Plain laps whose hops jitter by up to 0.1 ms, as the soak ring's do; without their token if not `text`."""
+    for i in laps:
+        lap = fake_lap(i, i * 0.1, spec=False)
+        stamps = tuple(dataclasses.replace(s, recv=s.recv + 1e-5 * ((i * 13 + s.stage) % 11)) for s in lap.stamps)
+        log.add_lap(dataclasses.replace(lap, stamps=stamps, ids=lap.ids if text else ()))
+
+
+def test_the_run_log_keeps_its_memory_flat_past_its_window():
+    log = RunLog(fake_scenario("plain"))
+    first, last = RUN_LOG_LAPS
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fed_laps(log, range(first))
+        gc.collect()
+        at_first = tracemalloc.get_traced_memory()[0]
+        fed_laps(log, range(first, last))
+        gc.collect()
+        grown_mb = (tracemalloc.get_traced_memory()[0] - at_first) / 2**20
+    finally:
+        tracemalloc.stop()
+    assert grown_mb < RUN_LOG_GROWTH_BOUND_MB, grown_mb
+    assert len(log.laps) == LAP_WINDOW and log.lap_count == last and summarize(log).laps == last
+    # the bound catches a run log that keeps every record: what the records it dropped would have held
+    per_record = RecordCost.of([fake_lap(i, i * 0.1, spec=False) for i in range(200)])
+    assert per_record.bytes * (last - first) / 2**20 > 10 * RUN_LOG_GROWTH_BOUND_MB
+
+
+def summary_cpu_s(log: RunLog, repeats: int = 7) -> float:
+    costs = []
+    for _ in range(repeats):
+        started = time.process_time()
+        summarize(log)
+        costs.append(time.process_time() - started)
+    return min(costs)
+
+
+def test_a_summary_past_the_window_costs_the_same_at_any_number_of_laps():
+    """(Its text and token ids grow with the tokens by nature: ~5 us a summary per 1000 tokens, left out here.)"""
+    log = RunLog(fake_scenario("plain"))
+    first, last = RUN_LOG_LAPS
+    fed_laps(log, range(first), text=False)
+    at_first = summary_cpu_s(log)
+    fed_laps(log, range(first, last), text=False)
+    at_last = summary_cpu_s(log)
+    assert at_last < SUMMARY_COST_RATIO_BOUND * at_first, (at_first, at_last)

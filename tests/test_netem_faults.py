@@ -1,0 +1,37 @@
+"""`testbed faults` on the kernel backend (issue 15): netem drops real segments and the kernel's TCP recovers them.
+
+Runs where netem runs (root + sch_netem; in CI inside user-mode-linux, ~45 s). The geo ring at scale 0.1 (hops 13,
+4, 11 ms; the relay's RTO 20 ms), 40 tokens, loss 0 and 5% on every link: the output stays the clean run's, and a
+lost frame costs what the kernel measures (a tail-loss probe or an RTO, both floored at TCP_RTO_MIN = 200 ms, which
+no scale shrinks), far more than the relay's scaled 20 ms, so the relay's model underprices netem's loss here.
+"""
+
+import argparse
+
+import pytest
+import trio
+
+from testbed.faults import measure
+
+pytestmark = [pytest.mark.netem, pytest.mark.slow]
+
+
+def test_netem_loss_costs_the_kernels_recovery_not_the_relays_rto():
+    args = argparse.Namespace(scenario="geo-ring", overrides=["scale=0.1"], tokens=40, shaper="netem", dilation=1.0)
+
+    async def main():
+        with trio.fail_after(240):
+            return await measure(args, [0.0], [5.0], lambda m: None)
+
+    result = trio.run(main)
+    assert result.shaper == "netem"
+    clean, lossy = result.fault_rows
+    assert clean.same_output and lossy.same_output  # faults delay data, never corrupt it
+    kernel = lossy.kernel
+    # ~120 hop crossings at 5%: some were lost (P(none) ~ 0.2%), and the kernel resent each by a probe or an RTO
+    assert lossy.lost_pct > 0 and kernel.retrans_segs >= 1 and kernel.loss_probes + kernel.timeouts >= 1
+    assert kernel.rto_ms >= 200  # srtt + max(4 rttvar, TCP_RTO_MIN)
+    assert lossy.per_loss_ms > 150  # the 200 ms floor prices a lone lost segment (one frame, the next waits the lap)
+    assert lossy.penalty_ms > 2 * lossy.model_penalty_ms  # so the relay's scaled-RTO model underprices it here
+    # ... and the penalty is the hops lost times what a loss cost (the lap's noise is a few ms in UML)
+    assert lossy.penalty_ms == pytest.approx(3 * lossy.lost_pct / 100 * lossy.per_loss_ms, rel=0.35, abs=3.0)

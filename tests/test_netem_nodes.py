@@ -1,0 +1,58 @@
+"""Several hosts with kernel egress shaping: namespaces as hosts (tests/hostsutil.py), each node shaping its own
+eth0 per peer with netem (`testbed.node --shape egress`, netem.hostnet + netem.egress).
+
+Needs root and sch_netem (plus sch_htb and cls_u32): on this project's kernel, inside user-mode-linux:
+    python -m netem.uml --timeout 900 -- .venv/bin/python -m pytest -m netem tests/test_netem_nodes.py -v
+
+- the geo ring (scaled x0.1: hops 13, 4, 11 ms) runs through torchrun with every node's hop shaped on its
+  egress: each hop's measured one-way latency is at least its delay (less the clock bound) and within the
+  user-mode-linux per-hop budget above it (tests/test_netem_ring.py measured 0.8-2.9 ms there at D = 1);
+  the entry's summary lists what its egress shaper applied; no egress qdisc is left on any host;
+- a node killed with SIGKILL mid-run leaves no qdisc either: its keeper process removes them when the node's
+  pipe closes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.test_netem_egress import classful_modules  # noqa: F401 - autouse: insmod htb and u32 inside UML
+from tests.hostsutil import N, assert_nothing_left, kill_worker, run_all, wait_for_agents
+from testbed.api import scenario as load
+from testbed.core.summary import RunSummary
+
+pytestmark = [pytest.mark.netem, pytest.mark.slow]
+UML_HOP_BUDGET_MS = 4.0  # tests/test_netem_ring.py: per-hop p50 - configured 0.8-2.9 ms in UML at D = 1
+SCENARIO = ("geo-ring", "--set", "scale=0.1", "--shape", "egress")
+
+
+def test_egress_shaped_hosts_run_the_ring(hosts, tmp_path):
+    out = tmp_path / "egress.json"
+    codes, logs = run_all(hosts, tmp_path, *SCENARIO, "--tokens", "12", "--json", str(out))
+    assert codes == [0] * N, "\n".join(logs)
+    assert_nothing_left(hosts)
+    s = RunSummary.from_json(out.read_text())
+    facts = s.shaper_facts
+    assert facts["backend"] == "egress" and facts["iface"] == "eth0"
+    assert len(facts["applied"]) == 1 and f"{hosts.address(1)}:" in facts["applied"][0], facts["applied"]
+    for hop, link in zip(facts["hops"], load("geo-ring", overrides=["scale=0.1"]).ring):
+        assert hop["min_ms"] >= link.delay_ms - hop["bound_ms"], hop  # the netem delay is there
+        assert hop["p50_ms"] <= link.delay_ms + UML_HOP_BUDGET_MS, hop
+
+
+def test_a_killed_egress_node_leaves_no_qdisc(hosts, tmp_path):
+    logs = [tmp_path / f"node{i}.log" for i in range(N)]
+    procs = [hosts.start(i, *SCENARIO, "--tokens", "2000", log=logs[i]) for i in range(N)]
+    wait_for_agents(hosts, timeout_s=300)
+    deadline = time.monotonic() + 120
+    while "6772:" not in hosts.qdiscs(2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "6772:" in hosts.qdiscs(2), hosts.qdiscs(2)
+    time.sleep(3)
+    kill_worker(hosts, 2)
+    for proc in procs:
+        proc.wait(timeout=120)
+    assert "node 2 (new-york" in logs[0].read_text(), logs[0].read_text()
+    assert_nothing_left(hosts)
