@@ -38,7 +38,7 @@ class Hosts:
         self.port = 29000 + int(tag[2:], 16) % 900
         try:
             sh("ip", "netns", "add", self.router)
-            sh("ip", "netns", "exec", self.router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            sh("ip", "netns", "exec", self.router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
             for i, ns in enumerate(self.names):
                 sh("ip", "netns", "add", ns)
                 sh("ip", "-n", ns, "link", "set", "lo", "up")

@@ -35,6 +35,7 @@ def test_egress_shaped_hosts_run_the_ring(hosts, tmp_path):
     assert_nothing_left(hosts)
     s = RunSummary.from_json(out.read_text())
     facts = s.shaper_facts
+    print("\n".join([*facts["applied"], *(line for line in logs[0].splitlines() if not line.startswith("["))]))
     assert facts["backend"] == "egress" and facts["iface"] == "eth0"
     assert len(facts["applied"]) == 1 and f"{hosts.address(1)}:" in facts["applied"][0], facts["applied"]
     for hop, link in zip(facts["hops"], load("geo-ring", overrides=["scale=0.1"]).ring):
