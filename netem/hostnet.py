@@ -122,6 +122,8 @@ def keeper_main() -> int:
 def node_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, *, iface: str | None = None,
                 options: ShaperOptions | None = None) -> Shaper:
     """The shaper for one node's links out (every link's src is this node's stage)."""
+    if kind in ("none", "egress") and options is not None and options.schedule:
+        raise ShapingError(f"--shape {kind} does not follow a [[network.schedule]] across hosts: use --shape relay")
     if kind == "none":
         shaper: Shaper = DirectShaper(links, n_stages, run_id, options)
         shaper.reason = "none: the real network between the hosts, measured as is"

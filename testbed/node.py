@@ -23,6 +23,7 @@ from pathlib import Path
 
 import trio
 
+from netem.base import ShaperOptions
 from netem.hostnet import KINDS, node_shaper
 from testbed import api
 from testbed.config import Scenario
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"stage {stage} is claimed by two nodes: give each node its own --stage", key="--stage")
         address = node_address(args.iface, os.environ["MASTER_ADDR"])
         links = [link for link in scenario.links if link.src == stage]
-        shaper = node_shaper(args.shape, links, scenario.n_agents, f"node{stage}", iface=args.iface)
+        options = ShaperOptions(loss_rto_ms=scenario.loss_rto_ms,
+                                schedule=tuple(e for e in scenario.schedule if e.src == stage))
+        shaper = node_shaper(args.shape, links, scenario.n_agents, f"node{stage}", iface=args.iface, options=options)
         nodes = NodeStore(store)
         launchers: list[NodeLauncher] = []
 

@@ -139,6 +139,8 @@ class NodeLauncher(Launcher):
         nursery.start_soon(self._watch, [s for s in everyone if s != me])
         if not self.is_entry:
             await self._command(handle, {"cmd": "run"})
+            # no common clock: each node counts its links' schedule from its own start (within the store's latency)
+            await self.shaper.start_schedule(time.monotonic(), nursery)
             await self._serve(handle)
             return
         await self._measure_clocks(everyone[1:])
