@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import trio
 
 from testbed.core.clock import now
+from testbed.core.errors import LinkBroken, PeerTimeout
 from testbed.core.records import Address, LapRecord, Stamp
 
 PROBE = struct.Struct("!Q")  # probe id
@@ -109,21 +110,32 @@ class ClockProbe:
         self._next_id = 0
 
     async def measure(self) -> OffsetEstimate:
-        with trio.fail_after(PROBE_TIMEOUT_S):
-            if self._stream is None:
-                self._stream = await trio.open_tcp_stream(*self.address)
-            exchanges = []
-            for _ in range(self.probes):
-                self._next_id += 1
-                t0 = now()
-                await self._stream.send_all(PROBE.pack(self._next_id))
-                probe_id, ts = REPLY.unpack(await _receive_exactly(self._stream, REPLY.size))
-                t1 = now()
-                if probe_id != self._next_id:
-                    raise ConnectionError(f"clock server {self.address} answered probe {probe_id}, "
-                                          f"expected {self._next_id}")
-                exchanges.append((t0, ts, t1))
-                await trio.sleep(PROBE_GAP_S)
+        """A fresh estimate; LinkBroken when the clock server's connection fails, PeerTimeout when it is silent."""
+        try:
+            with trio.fail_after(PROBE_TIMEOUT_S):
+                return await self._exchange()
+        except trio.TooSlowError as exc:
+            await self.aclose()
+            raise PeerTimeout(f"clock server {self.address} did not answer within {PROBE_TIMEOUT_S:g} s") from exc
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self.aclose()  # the next measure() dials again
+            raise LinkBroken(f"clock server {self.address}: {exc}") from exc
+
+    async def _exchange(self) -> OffsetEstimate:
+        if self._stream is None:
+            self._stream = await trio.open_tcp_stream(*self.address)
+        exchanges = []
+        for _ in range(self.probes):
+            self._next_id += 1
+            t0 = now()
+            await self._stream.send_all(PROBE.pack(self._next_id))
+            probe_id, ts = REPLY.unpack(await _receive_exactly(self._stream, REPLY.size))
+            t1 = now()
+            if probe_id != self._next_id:
+                raise ConnectionError(f"clock server {self.address} answered probe {probe_id}, "
+                                      f"expected {self._next_id}")
+            exchanges.append((t0, ts, t1))
+            await trio.sleep(PROBE_GAP_S)
         return estimate(exchanges)
 
     async def aclose(self) -> None:

@@ -15,7 +15,7 @@ from netem.base import Shaper
 from testbed.clocksync import (RESYNC_S, ClockProbe, OffsetTrack, clock_violations, hop_bounds_s, serve_clock,
                                to_entry_clock)
 from testbed.config import Scenario
-from testbed.core.errors import AgentFailed, TestbedError, leaf_errors
+from testbed.core.errors import AgentFailed, LinkBroken, PeerTimeout, TestbedError, leaf_errors
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
 from testbed.launcher import STARTUP_TIMEOUT_S, READY_TIMEOUT_S, Launcher
@@ -220,7 +220,7 @@ class NodeLauncher(Launcher):
         probe = ClockProbe((nxt.address, nxt.clock_port))
         try:
             rtt = (await probe.measure()).rtt_min_s
-        except (OSError, trio.TooSlowError) as exc:
+        except (LinkBroken, PeerTimeout) as exc:
             raise AgentFailed(self.label(nxt.stage), f"its clock server did not answer: {exc}") from exc
         finally:
             await probe.aclose()
@@ -240,7 +240,7 @@ class NodeLauncher(Launcher):
             probe = ClockProbe((self.nodes[s].address, self.nodes[s].clock_port))
             try:
                 self.tracks[s] = OffsetTrack(s, [await probe.measure()])
-            except (OSError, trio.TooSlowError) as exc:
+            except (LinkBroken, PeerTimeout) as exc:
                 raise AgentFailed(self.label(s), f"its clock server did not answer: {exc}") from exc
             finally:
                 await probe.aclose()
@@ -254,7 +254,7 @@ class NodeLauncher(Launcher):
                 for s, probe in probes.items():
                     try:
                         new = await probe.measure()
-                    except (OSError, trio.TooSlowError):
+                    except (LinkBroken, PeerTimeout):
                         continue  # the heartbeat decides whether the node is gone
                     if not self.tracks[s].add(new):
                         self.log(f"warning: {self.label(s)}: its clock offset moved to {new.offset_s * 1e3:.3f} ms "

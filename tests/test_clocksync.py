@@ -9,6 +9,7 @@ import trio
 from testbed.clocksync import (ClockProbe, OffsetEstimate, OffsetTrack, clock_violations, estimate, hop_bounds_s,
                                serve_clock, to_entry_clock)
 from testbed.core.clock import now
+from testbed.core.errors import LinkBroken, PeerTimeout
 from testbed.core.records import LapRecord, Stamp
 
 
@@ -41,6 +42,46 @@ def test_a_skewed_clock_server_is_found_within_the_bound(skew_s):
     assert est.samples == 16
     assert abs(est.offset_s - skew_s) <= est.bound_s + 1e-9
     assert est.bound_s < 0.0005  # loopback: well under the issue's 0.5 ms
+
+
+async def _reset_after_one_reply(stream: trio.SocketStream) -> None:
+    """A clock server whose host dies mid-probe: one reply, then a TCP reset (SO_LINGER 0)."""
+    import socket
+    import struct
+
+    await stream.receive_some(8)
+    await stream.send_all(b"\0" * 16)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
+
+
+async def _silent(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("server, error", [(_reset_after_one_reply, LinkBroken), (_silent, PeerTimeout)])
+def test_a_clock_server_that_dies_or_hangs_is_a_testbed_error(server, error, monkeypatch):
+    # the entry re-probes every node through the run: a node killed mid-probe must not crash it with a
+    # foreign error (a reset is trio.BrokenResourceError, no OSError) but say which server, in our own type
+    monkeypatch.setattr("testbed.clocksync.PROBE_TIMEOUT_S", 0.3)
+
+    async def main():
+        with trio.fail_after(10):
+            await probe_a_failing_server()
+
+    async def probe_a_failing_server():
+        async with trio.open_nursery() as nursery:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            await nursery.start(trio.serve_listeners, server, listeners)
+            probe = ClockProbe(("127.0.0.1", listeners[0].socket.getsockname()[1]), probes=4)
+            try:
+                with pytest.raises(error, match="clock server"):
+                    await probe.measure()
+                assert probe._stream is None  # closed: the next measure() dials again
+            finally:
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
 
 
 def test_drift_is_fitted_and_a_jump_is_flagged():
