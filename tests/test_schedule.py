@@ -1,5 +1,6 @@
 """A moving network (issue 15): link schedules and traces, applied live by the relay; partitions."""
 
+import statistics
 import time
 
 import pytest
@@ -74,7 +75,11 @@ def test_a_delay_change_shows_in_the_laps_and_a_short_partition_only_delays_them
     laps = [lap for lap in log.laps if lap.kind == "decode"]
     before = [lap.hop_latencies_s()[0] for lap in laps if lap.end < origin + 0.9]
     after = [lap.hop_latencies_s()[0] for lap in laps if lap.start > origin + 1.1]
-    assert before and after and max(before) < 0.014 and min(after) > 0.029  # 10 ms, then 30 ms on 0->1
+    assert before and after
+    # 10 ms, then 30 ms on 0->1: no hop is faster than its delay, and none before the change took the new one (a
+    # wake-up on this 2-core box adds a few ms to a single hop now and then: the median holds the old delay close)
+    assert min(before) > 0.0095 and statistics.median(before) < 0.012 and max(before) < 0.025, before
+    assert min(after) > 0.029 and statistics.median(after) < 0.032, after
     held = [lap.hop_latencies_s()[1] for lap in laps if origin + 1.9 < lap.start < origin + 2.4]
     assert max(held) == pytest.approx(0.4, abs=0.1)  # a frame that met the partition waited for its end
 
