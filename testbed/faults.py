@@ -257,12 +257,23 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
     return FaultsResult(base.name, ran, compute * 1e3, base.t_ring_s * 1e3, base.loss_rto_ms, tuple(rows), len(hops))
 
 
+def _sampling_note(result: FaultsResult) -> str:
+    """How many timeouts the largest loss row could realize by luck alone: Binomial(hop crossings, p)."""
+    rows = [r for r in result.fault_rows if r.fault == "loss" and r.value > 0]
+    if not rows or not result.n_hops:
+        return ""
+    r = max(rows, key=lambda row: row.value)
+    n, p = r.laps * result.n_hops, r.value / 100
+    return (f"at {r.value:g}% its {n} hop crossings expect {n * p:.1f} +- {math.sqrt(n * p * (1 - p)):.1f} "
+            f"timeouts and took {n * r.lost_pct / 100:.0f}")
+
+
 def table(result: FaultsResult) -> Table:
     out = Table(title=f"Faults on {result.scenario} ({result.shaper}; T_ring {result.t_ring_ms:.1f} ms, RTO "
                       f"{result.rto_ms:g} ms): lap measured vs the model")
     kernel = result.shaper == "netem"
     for col in ("fault", "laps", "mean lap ms meas / pred", "err %", "p99 lap ms meas / pred", "hops lost %",
-                "pred. with that", *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
+                "pred. with that", "err % with that", *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
                 "output"):
         out.add_column(col, justify="right")
     notes = []
@@ -272,12 +283,16 @@ def table(result: FaultsResult) -> Table:
         penalty = (f"{r.penalty_ms:.1f} / {r.model_penalty_ms:.1f}", f"{r.per_loss_ms:.0f}") if loss else ("", "")
         out.add_row(label, str(r.laps), f"{r.lap_ms:.1f} / {r.predicted_ms:.1f}", f"{r.error_pct:+.2f}",
                     f"{r.lap_ms_p99:.1f} / {r.predicted_ms_p99:.1f}", f"{r.lost_pct:.2f}" if loss else "",
-                    f"{r.predicted_lost_ms:.1f}" if loss else "", *(penalty if kernel else ()),
+                    f"{r.predicted_lost_ms:.1f}" if loss else "",
+                    f"{(r.lap_ms / r.predicted_lost_ms - 1) * 100:+.2f}" if loss and r.predicted_lost_ms else "",
+                    *(penalty if kernel else ()),
                     "identical" if r.same_output else "DIFFERENT")
         if kernel and loss:
             notes.append(f"{label}: {explain(r, result.rto_ms, result.n_hops)}")
     out.caption = ("loss: the model with the configured p (err %), and with the share of hops that did take a "
                    "timeout (the seeded draws: the mechanism, not the luck)")
+    luck = _sampling_note(result)
+    out.caption += f"; {luck}" if luck else ""
     if kernel:
         out.caption = (f"netem: the kernel's TCP recovers a dropped segment, not the relay's {result.rto_ms:g} ms RTO; "
                        f"a hop > {KERNEL_LOST_EXTRA_S * 1e3:g} ms over its delay counts as lost. Linux retransmits a "
@@ -285,7 +300,7 @@ def table(result: FaultsResult) -> Table:
                        "sooner by a tail-loss probe (2 srtt + 200 ms with one segment out, 2 srtt + 2 ticks with "
                        "more) or by a fast retransmit when later segments bring dup ACKs; a frame here is one "
                        "segment and the next waits for the lap, so the floor prices most losses. Measured:\n"
-                       + "\n".join(notes))
+                       + "\n".join(notes) + (f"\n{luck}" if luck else ""))
     return out
 
 

@@ -61,7 +61,9 @@ class Hosts:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={self.address(0)}:{self.port}", "--max-restarts=0",
                 f"--rdzv-conf=join_timeout=120,is_host={int(i == 0)}", f"--local-addr={self.address(i)}",
                 "-m", "testbed.node", *args, "--stage", str(i), "--iface", "eth0", "--no-dashboard"]
-        return subprocess.Popen(argv, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        # torchrun keeps its workers' logs in a fresh TMPDIR/torchelastic_* it never removes: the test's tmp_path
+        env = {**os.environ, "TMPDIR": str(log.parent)}
+        return subprocess.Popen(argv, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
     def processes(self, i: int) -> dict[int, str]:

@@ -98,6 +98,8 @@ def test_a_netem_table_prices_the_kernels_recovery_next_to_the_relay_model():
     text = " ".join(console.file.getvalue().split())  # the caption wraps at the table's width
     assert "19.0 / 3.0" in text and "215" in text  # measured penalty per lap / the relay's N p RTO; one loss's cost
     assert "0 RTO expiries + 3 tail-loss probes (3 repaired)" in text and "N x 3.00% lost x 215 ms = 19.3 ms/lap" in text
+    assert "33.0 │ +51.52" in text  # the model with the realized share, and the lap against it
+    assert "at 5% its 60 hop crossings expect 3.0 +- 1.7 timeouts and took 2" in text  # 20 laps x 3 hops, 3% lost
     userspace = Console(file=io.StringIO(), width=200)
     userspace.print(table(FaultsResult("geo-ring", "userspace", 3.0, 28.0, 20.0, (clean,), 3)))
     assert "per loss" not in userspace.file.getvalue()
