@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
+from testbed.core.decode import MODES, DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -102,7 +102,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     torch.set_num_threads(spec.threads)
     model = load_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
-    tree_slots = spec.decode.tree_n + 1 if spec.decode.mode == "tree" else 0  # a token tree's nodes beyond positions
+    tree_slots = spec.decode.tree_n + 1 if MODES[spec.decode.mode].tree_slots else 0  # a tree's nodes past positions
     ring = RingClient(PipelineStage(model, plan, tree_slots=tree_slots), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,

@@ -9,8 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, DecodeConfig, PlacementConfig, SpecConfig, TPConfig,
-                                 WireConfig)
+from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, MODES, DecodeConfig, PlacementConfig, SpecConfig,
+                                 TPConfig, WireConfig)
 from testbed.decode_rules import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
 from testbed.placement_rules import edge_links, placement_from_dict as _placement, spec_from_dict
 from testbed.placement_rules import tensor_parallel as _tensor_parallel
@@ -321,10 +321,11 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     if placement.head == "last" and decode.mode == "tree" and decode.temperature > 0:
         raise ConfigError("the last stage verifies a tree greedily only (sampling needs the draft's distributions, "
                           "which stay on the entry): decode.temperature must be 0", source=source, key="placement.head")
-    if placement.head != "entry" and decode.mode not in ("plain", "tree" if placement.head == "last" else "plain"):
-        raise ConfigError(f"a head off the entry samples one token a lap: it runs plain decode, not {decode.mode!r} "
-                          f"(speculation verifies its drafts in the head, several streams batch there)",
-                          source=source, key="placement.head")
+    if placement.head not in MODES[decode.mode].heads:
+        runs = " or ".join(f"{name} decode" for name, info in MODES.items() if placement.head in info.heads)
+        raise ConfigError(f"{placement.head!r} runs {runs}, not {decode.mode!r} (a head off "
+                          f"the entry samples one token a lap: speculation verifies its drafts in the head, several "
+                          f"streams batch there)", source=source, key="placement.head")
     parallel = _string(raw, "parallel", "pp", source, "", PARALLEL)
     tp_raw = raw.get("tp", {})
     if not isinstance(tp_raw, dict):

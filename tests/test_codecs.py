@@ -96,4 +96,10 @@ def test_int8_block_on_a_rate_limited_ring_cuts_the_bytes_and_the_ttft():
     f32, int8 = ttfts["f32"], ttfts["int8-block"]
     assert int8.bytes_per_hop < 0.3 * f32.bytes_per_hop
     assert int8.serialization_s < 0.3 * f32.serialization_s
-    assert f32.measured_s - int8.measured_s == pytest.approx(f32.serialization_s - int8.serialization_s, rel=0.08)
+    # the time saved is what the formula predicts from each run's measured prefill compute and its serialization:
+    # the compute moves from run to run (a cold first prefill measured 63 ms against 31 here), the bytes do not
+    budget_s = 2 * (3 * HOP_OVERHEAD_BUDGET_MS + LAP_RESIDUAL_BUDGET_MS) / 1e3 / DILATION  # each TTFT's, as above
+    assert f32.measured_s - int8.measured_s == pytest.approx(f32.predicted_s - int8.predicted_s, abs=2 * budget_s)
+    saved_compute_s = f32.prefill_compute_s - int8.prefill_compute_s
+    assert f32.predicted_s - int8.predicted_s == pytest.approx(
+        f32.serialization_s - int8.serialization_s + saved_compute_s, abs=1e-6)  # Eq. 5: C_prefill + T_ring + bytes

@@ -37,3 +37,18 @@ def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(ec
     registry = CollectorRegistry()
     registry.register(RunCollector(lambda: [log]))
     assert registry.get_sample_value("testbed_laps_total", {"kind": "echo"}) == 0
+
+
+def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode(monkeypatch):
+    from testbed.config import scenario_from_dict
+    from testbed.core.lapstats import DECODE_KINDS
+
+    assert DECODE_KINDS == decode.decode_lap_kinds() == ("decode", "spec", "tree")  # every mode's lap_kind
+    raw = {"stages": [{"name": f"s{i}"} for i in range(3)], "network": {"hops_ms": [1.0, 1.0, 1.0]},
+           "decode": {"mode": "echo"}, "placement": {"head": "last"}}
+    monkeypatch.setitem(decode.MODES, "echo", ECHO)
+    with pytest.raises(ConfigError, match="'last' runs plain decode or tree decode, not 'echo'") as info:
+        scenario_from_dict(raw, "<test>")
+    assert info.value.key == "placement.head"
+    monkeypatch.setitem(decode.MODES, "echo", ModeInfo("echo", ECHO.runner, metric_kind="echo", heads=("entry", "last")))
+    assert scenario_from_dict(raw, "<test>").placement.head == "last"  # the mode's own line allows it

@@ -116,19 +116,22 @@ class ModeInfo:
     summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
     summary_field: str = "spec"  # the RunSummary field the summarizer's result goes to
     every_agent: bool = False  # the runner runs on every agent (tensor parallelism), not on the entry alone
+    lap_kind: str = "decode"  # LapRecord.kind of the laps that make its tokens (prefill and probe laps do not)
+    heads: tuple[str, ...] = ("entry",)  # the placement.head values it runs with (HEAD_PLACEMENTS)
+    tree_slots: bool = False  # its stages keep decode.tree_n + 1 cache slots beyond the positions (a tree's nodes)
 
 
 # A new decode mode is one module plus one line here.
 MODES: dict[str, ModeInfo] = {info.name: info for info in (
-    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain"),
+    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS),
     ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
-             summarizer="testbed.spec_summary:summarize_spec"),
+             summarizer="testbed.spec_summary:summarize_spec", lap_kind="spec"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
              summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.tree_summary:summarize_tree",
-             summary_field="tree"),
+             summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True),
     ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.dsd_summary:summarize_dsd",
-             summary_field="dsd"),
+             summary_field="dsd", lap_kind="spec"),  # the edge clients' rounds (the server's laps are "verify")
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.tp_summary:summarize_tp",
              summary_field="tp", every_agent=True),
 )}
@@ -140,3 +143,8 @@ def resolve(path: str):
 
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def decode_lap_kinds() -> tuple[str, ...]:
+    """The lap kinds that make decode tokens: every mode's `lap_kind`."""
+    return tuple(sorted({info.lap_kind for info in MODES.values()}))

@@ -13,9 +13,10 @@ import collections
 import math
 from dataclasses import dataclass, field
 
+from testbed.core.decode import decode_lap_kinds
 from testbed.core.records import LapRecord
 
-DECODE_KINDS = ("decode", "spec", "tree")  # laps that produce decode tokens (prefill and probes do not)
+DECODE_KINDS = decode_lap_kinds()  # laps that produce decode tokens (prefill and probes do not): the modes' lap_kind
 SKETCH_RELATIVE_ACCURACY = 1e-4  # a sketch's percentile is within this share of the value ...
 SKETCH_RESOLUTION = 1e-6  # ... plus this much (1 us of latency): fine enough for a 130 ms hop's 0.2 ms overhead
 
