@@ -30,7 +30,7 @@ import trio
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
-from testbed.core.decode import MODES, DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
+from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
 
@@ -61,6 +61,7 @@ class AgentSpec(JsonRecord):
     spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
     lap_timeout_s: float = 120.0  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
     every_agent: bool = False  # the mode's ModeInfo.every_agent (read by the launcher: a test may register a mode)
+    tree_slots: int = 0  # cache slots beyond the positions, for a token tree's nodes (the launcher, from ModeInfo)
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,7 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     torch.set_num_threads(spec.threads)
     model = load_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
-    tree_slots = spec.decode.tree_n + 1 if MODES[spec.decode.mode].tree_slots else 0  # a tree's nodes past positions
-    ring = RingClient(PipelineStage(model, plan, tree_slots=tree_slots), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
+    ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,

@@ -81,14 +81,16 @@ class Launcher:
     def agent_specs(self, n_layers: int) -> list[AgentSpec]:
         sc = self.physical
         ranges = split_layers(n_layers, sc.stages, sc.source)
-        runner = MODES[sc.decode.mode].runner
+        mode = MODES[sc.decode.mode]
+        runner = mode.runner
+        tree_slots = sc.decode.tree_n + 1 if mode.tree_slots else 0
         stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
                             compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
-                          lap_timeout_s=sc.lap_timeout_s, every_agent=MODES[sc.decode.mode].every_agent)
+                            lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,
