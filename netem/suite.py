@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-SUITE_TIMEOUT_S = 2700  # the suite took ~20 min inside user-mode-linux on a slow 2-core VM (6.5 min on a fast one)
+SUITE_TIMEOUT_S = 2700  # inside user-mode-linux the suite took 16.5 min on a slow 2-core VM (6.5 min on a fast one)
 REQUIRE_ENV = "GEO_RING_REQUIRE_NETEM"
 
 

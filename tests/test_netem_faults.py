@@ -32,6 +32,8 @@ def test_netem_loss_costs_the_kernels_recovery_not_the_relays_rto():
     assert lossy.lost_pct > 0 and kernel.retrans_segs >= 1 and kernel.loss_probes + kernel.timeouts >= 1
     assert kernel.rto_ms >= 200  # srtt + max(4 rttvar, TCP_RTO_MIN)
     assert lossy.per_loss_ms > 150  # the 200 ms floor prices a lone lost segment (one frame, the next waits the lap)
-    assert lossy.penalty_ms > 2 * lossy.model_penalty_ms  # so the relay's scaled-RTO model underprices it here
-    # ... and the penalty is the hops lost times what a loss cost (the lap's noise is a few ms in UML)
-    assert lossy.penalty_ms == pytest.approx(3 * lossy.lost_pct / 100 * lossy.per_loss_ms, rel=0.35, abs=3.0)
+    # The relay's scaled model prices a loss at its 20 ms RTO; the kernel's recovery of one, measured on the lost hops
+    # themselves, costs far more. (The per-lap penalty, a difference of two 40-lap runs' means, is in the table next
+    # to the model, but not held here: with one to three losses a run it is within UML's run-to-run noise, and CI
+    # measured 14.6 ms against 22.9 expected from the losses, then 1.6 and 2.4 against at least 4.)
+    assert lossy.per_loss_ms > 5 * result.rto_ms
