@@ -103,7 +103,8 @@ async def agent_main(spec: AgentSpec, control: Control) -> None:
     torch.set_num_threads(spec.threads)
     model = load_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
-    ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms, mode=spec.decode.mode,
+    ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms,
+                      mode=spec.decode.mode,
                       report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,

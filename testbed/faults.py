@@ -273,7 +273,8 @@ def table(result: FaultsResult) -> Table:
                       f"{result.rto_ms:g} ms): lap measured vs the model")
     kernel = result.shaper == "netem"
     for col in ("fault", "laps", "mean lap ms meas / pred", "err %", "p99 lap ms meas / pred", "hops lost %",
-                "pred. with that", "err % with that", *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
+                "pred. with that", "err % with that",
+                *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
                 "output"):
         out.add_column(col, justify="right")
     notes = []

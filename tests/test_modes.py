@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -50,5 +52,5 @@ def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode
     with pytest.raises(ConfigError, match="'last' runs plain decode or tree decode, not 'echo'") as info:
         scenario_from_dict(raw, "<test>")
     assert info.value.key == "placement.head"
-    monkeypatch.setitem(decode.MODES, "echo", ModeInfo("echo", ECHO.runner, metric_kind="echo", heads=("entry", "last")))
+    monkeypatch.setitem(decode.MODES, "echo", dataclasses.replace(ECHO, heads=("entry", "last")))
     assert scenario_from_dict(raw, "<test>").placement.head == "last"  # the mode's own line allows it
