@@ -31,6 +31,21 @@ class ShaperOptions:
             raise ShapingError(f"ShaperOptions.loss_rto_ms must be a positive number of ms, got {self.loss_rto_ms!r}")
 
 
+@dataclass(frozen=True)
+class ScheduleChange:
+    """One change of a link schedule as the medium took it, in seconds from the schedule's origin (box clock).
+
+    The kernel takes a `tc qdisc change` somewhere between `sent_s` (the request left) and `landed_s` (it was
+    acknowledged and read back): milliseconds apart on a real kernel, up to a second or two inside user-mode-linux
+    while the agents' compute keeps its one vCPU busy.
+    """
+
+    link: str  # "0->1"
+    what: str  # the event as the schedule describes it, or "0->1 back up"
+    due_s: float
+    sent_s: float
+    landed_s: float
+
 class Shaper(abc.ABC):
     """A backend that places agents on an emulated network.
 
@@ -57,6 +72,7 @@ class Shaper(abc.ABC):
         self.options = ShaperOptions() if options is None else options
         if not isinstance(self.options, ShaperOptions):
             raise ShapingError(f"options must be a ShaperOptions, got {type(self.options).__name__}")
+        self.schedule_changes: list[ScheduleChange] = []  # a backend whose changes take time to land fills it
 
     async def setup(self) -> None:
         """Create whatever must exist before agents start (namespaces, veths, qdiscs)."""

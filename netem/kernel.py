@@ -28,7 +28,7 @@ import trio
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
-from netem.base import Shaper, ShaperOptions
+from netem.base import ScheduleChange, Shaper, ShaperOptions
 from netem.commands import network_commands
 from netem.netlink import link_index, netem_message, read_qdisc, request, translate, verify
 from netem.nsutil import (
@@ -68,23 +68,46 @@ def add_netem(q: NetemPlan, sockets: NamespaceSockets) -> dict:
     return got  # type: ignore[return-value]
 
 
-def change_netem(q: NetemPlan) -> dict:
-    """`tc qdisc change`: give a running link's netem qdisc new settings (a moving network), read back, verified."""
-    sockets = NamespaceSockets()
+def change_netem(q: NetemPlan, sockets: NamespaceSockets | None = None, index: int | None = None) -> dict:
+    """`tc qdisc change`: give a running link's netem qdisc new settings (a moving network), read back, verified.
+
+    With `sockets` and the interface's `index` from warm_schedule_sockets the change lands in one netlink round
+    trip. Without, it opens a socket (a helper process) and looks the interface up (pyroute2 parses every link
+    of the namespace in Python): with the agents' compute on user-mode-linux's one vCPU, over a second.
+    """
+    own = sockets is None
+    sockets = NamespaceSockets() if own else sockets
     try:
         ipr = sockets(q.namespace)
-        request(ipr, netem_message(q, link_index(ipr, q.ifname, q.namespace)), RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK)
+        index = link_index(ipr, q.ifname, q.namespace) if index is None else index
+        request(ipr, netem_message(q, index), RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK)
         got = read_qdisc(q.namespace, q.ifname, ipr)
     except ShapingError:
         raise
     except Exception as exc:
         raise translate(f"changing netem on {q.ifname} in {q.namespace} for link {q.link.name}", exc) from exc
     finally:
-        sockets.close()
+        if own:
+            sockets.close()
     problems = verify(q, got)
     if problems:
         raise ShapingError("the kernel did not take the scheduled netem settings: " + "; ".join(problems))
     return got  # type: ignore[return-value]
+
+
+def warm_schedule_sockets(plan: NetworkPlan, sockets: NamespaceSockets) -> dict[tuple[str, str], int]:
+    """Open one socket per namespace of `plan` for change_netem, warmed by a qdisc dump; the interfaces' indexes."""
+    indexes = {}
+    for q in plan.qdiscs:
+        try:
+            ipr = sockets(q.namespace)
+            indexes[(q.namespace, q.ifname)] = link_index(ipr, q.ifname, q.namespace)
+            read_qdisc(q.namespace, q.ifname, ipr)
+        except ShapingError:
+            raise
+        except Exception as exc:
+            raise translate(f"opening a netlink socket in {q.namespace} for the link schedule", exc) from exc
+    return indexes
 
 
 def apply_plan(plan: NetworkPlan, created: list[str]) -> dict:
@@ -141,6 +164,9 @@ class KernelShaper(Shaper):
         self._applied: dict = {}
         self._ip = shutil.which("ip") or "ip"
         self._closed = False
+        self._schedule_sockets = NamespaceSockets()  # used by one thread at a time (self._schedule_lock)
+        self._schedule_lock = trio.Lock()
+        self._schedule_indexes: dict[tuple[str, str], int] = {}
 
     def plan_lines(self) -> list[str]:
         return network_commands(self.plan) + [f"at {e.at_s:g} s: tc qdisc change on link {e.link}: {e.describe()}"
@@ -151,6 +177,8 @@ class KernelShaper(Shaper):
             raise ShapingError("the `ip` command (iproute2) is needed to start agents inside namespaces")
         self._closed = False
         self._applied = apply_plan(self.plan, self._created)
+        if self.schedule:  # now, before the run's clock starts: a change must not wait for pyroute2's set-up
+            self._schedule_indexes = warm_schedule_sockets(self.plan, self._schedule_sockets)
 
     def agent_command_prefix(self, stage: int) -> list[str]:
         # `ip netns exec` keeps the environment and inherited fds (pass_fds) and execs the command
@@ -181,6 +209,7 @@ class KernelShaper(Shaper):
 
     async def aclose(self) -> None:
         # No awaits: nothing here can be cancelled half-way, so no shield is needed.
+        self._schedule_sockets.close()
         if self._closed and not self._created:
             return
         try:
@@ -198,9 +227,18 @@ class KernelShaper(Shaper):
             raise ShapingError("the netem backend needs a nursery to run a link schedule in")
         current = {(q.link.src, q.link.dst): q for q in self.plan.qdiscs}
 
-        async def change(key: tuple[int, int], q: NetemPlan, at: float) -> None:
+        async def change(q: NetemPlan, at: float, what: str) -> float:
+            """Apply `q` at `at`; the time the kernel acknowledged it (ScheduleChange: inside user-mode-linux the
+            netlink round trip alone took up to a second or two)."""
             await clock.sleep_until(at)
-            await trio.to_thread.run_sync(change_netem, q)
+            async with self._schedule_lock:
+                sent = clock.now()
+                await trio.to_thread.run_sync(change_netem, q, self._schedule_sockets,
+                                              self._schedule_indexes.get((q.namespace, q.ifname)))
+            landed = clock.now()
+            self.schedule_changes.append(ScheduleChange(q.link.name, what, round(at - origin, 6),
+                                                        round(sent - origin, 6), round(landed - origin, 6)))
+            return landed
 
         async def run() -> None:
             async with trio.open_nursery() as inner:
@@ -210,13 +248,14 @@ class KernelShaper(Shaper):
                     at = origin + event.at_s
                     if event.down_s:
                         down = plan_netem(replace(q.link, loss_pct=100.0), q.namespace, q.ifname)
-                        await change(key, down, at)
-                        inner.start_soon(change, key, q, at + event.down_s)  # back as it was
+                        landed = await change(down, at, event.describe())
+                        # back as it was: down for down_s from when the partition landed
+                        inner.start_soon(change, q, landed + event.down_s, f"{event.link} back up")
                         continue
                     values = {k: getattr(event, k) for k in ("delay_ms", "jitter_ms", "loss_pct", "rate_mbit")
                               if getattr(event, k) is not None}
                     current[key] = plan_netem(replace(q.link, **values), q.namespace, q.ifname)
-                    await change(key, current[key], at)
+                    await change(current[key], at, event.describe())
 
         nursery.start_soon(run)
 

@@ -258,6 +258,7 @@ class Launcher:
         for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
             await self._command(handle, {"cmd": "run"})
         self.runlog.schedule_origin = time.monotonic()  # the link schedule counts from here (testbed.schedule)
+        self.runlog.schedule_changes = self.shaper.schedule_changes  # filled as the changes land
         await self.shaper.start_schedule(self.runlog.schedule_origin, nursery)
         while True:
             stage, event = await self.events.receive()

@@ -9,12 +9,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.config import Scenario
 from testbed.core.decode import MODES
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
+
+if TYPE_CHECKING:
+    from netem.base import ScheduleChange
 
 __all__ = ["DECODE_KINDS", "LAP_WINDOW", "RunLog", "RunningHistogram", "StreamsWindow"]
 
@@ -154,6 +158,7 @@ class RunLog:
         self.dilation: DilationSummary | None = None  # the records below are already in scenario time
         self.phase = "starting"
         self.schedule_origin: float | None = None  # box time the link schedule counts from (the agents' run)
+        self.schedule_changes: list[ScheduleChange] = []  # Shaper.schedule_changes: when each change took effect
         self.started_at = time.monotonic()
         self.laps: collections.deque[LapRecord] = collections.deque(maxlen=window_laps)  # the latest laps
         self.lap_count = 0  # laps added, those the window has dropped included

@@ -154,7 +154,8 @@ def summarize(log: RunLog) -> RunSummary:
         ttft=ttft, self_check=self_check(log), **mode_summaries,
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
-        shaper_facts=log.shaper_facts, dilation=log.dilation,
+        shaper_facts={**log.shaper_facts, "schedule_changes": [dataclasses.asdict(c) for c in log.schedule_changes]}
+        if log.schedule_changes else log.shaper_facts, dilation=log.dilation,
         agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire, serialization_s=log.serialization_s,
         **schedule_events(log),
     )
