@@ -78,6 +78,9 @@ class SoakResult:
     predicted_tok_s: float | None
     first_tenth_tok_s: float
     last_tenth_tok_s: float
+    tenth_tok_s: tuple[float, ...]  # the rate in each tenth of the run, in order
+    lap_ms_drift_per_1000: float  # least-squares slope of the mean lap time against laps: a per-lap cost that grows
+    lap_ms_drift_stderr: float  # its standard error (the box's noise moves a tenth's rate by 10-20% here)
     memory: tuple[ProcessMemory, ...]
     lap_log_mb_per_1000: float  # what the run log's lap records and token ids retain, per 1000 laps
     launcher_objects_per_1000: float  # gc-tracked objects the launcher gained beyond its lap records, per 1000 laps
@@ -202,6 +205,22 @@ def rate_between(a: Sample, b: Sample) -> float:
     return (b.tokens - a.tokens) / (b.wall_s - a.wall_s) if b.wall_s > a.wall_s else float("nan")
 
 
+def tenth_rates(running: list[Sample], laps: int) -> tuple[float, ...]:
+    bounds = [running[0], *(nearest(running, laps * i / 10) for i in range(1, 10)), running[-1]]
+    return tuple(rate_between(a, b) for a, b in zip(bounds, bounds[1:]))
+
+
+def lap_time_drift(running: list[Sample]) -> tuple[float, float]:
+    """Slope of the lap time (ms, between consecutive samples) against laps, per 1000 laps, and its standard error."""
+    points = [((a.laps + b.laps) / 2, (b.wall_s - a.wall_s) / (b.laps - a.laps) * 1e3)
+              for a, b in zip(running, running[1:]) if b.laps > a.laps]
+    if len(points) < 4:
+        return float("nan"), float("nan")
+    laps, lap_ms = np.array(points).T
+    (slope, _), cov = np.polyfit(laps, lap_ms, 1, cov=True)
+    return float(slope) * 1000, float(np.sqrt(cov[0, 0])) * 1000
+
+
 def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: int, run_s: float,
             predicted_tok_s: float | None, per_record: RecordCost, warm: Footprint, end: Footprint) -> SoakResult:
     """per_record: what one lap record retains (it and its token id); warm, end: the footprints, whose laps bound
@@ -224,8 +243,8 @@ def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: 
     records_per_lap = (end.lap_records - warm.lap_records) / grown if grown else float("nan")
     return SoakResult(laps, last.tokens, run_s, warm.laps, end.laps, predicted_tok_s,
                       rate_between(first, nearest(running, laps / 10)),
-                      rate_between(nearest(running, laps * 0.9), last),
-                      tuple(memory), per_record.bytes * records_per_lap * 1000 / 2**20,
+                      rate_between(nearest(running, laps * 0.9), last), tenth_rates(running, laps),
+                      *lap_time_drift(running), tuple(memory), per_record.bytes * records_per_lap * 1000 / 2**20,
                       per_1000(beyond_the_lap_log(warm, end, per_record), grown),
                       (cost_near(0.1, 1), cost_near(0.95, 1)), (cost_near(0.1, 2), cost_near(0.95, 2)))
 
@@ -315,6 +334,8 @@ def soak_report(r: SoakResult) -> list[str]:
     memory = "; ".join(f"{m.name} {m.start_mb:.0f}/{m.middle_mb:.0f}/{m.end_mb:.0f} MB ({m.slope_mb_per_1000:+.3f})"
                        for m in r.memory)
     predicted = f" (predicted {r.predicted_tok_s:.1f})" if r.predicted_tok_s else ""
+    tenths = " ".join(f"{rate:.0f}" for rate in r.tenth_tok_s)
+    lap_ms = r.run_s / r.laps * 1e3 if r.laps else float("nan")
     return [f"soak: {r.laps:,} laps in {r.run_s:.0f} s; rate {r.first_tenth_tok_s:.1f} tok/s in the first tenth, "
             f"{r.last_tenth_tok_s:.1f} in the last{predicted}; RSS start/middle/end (slope MB per 1000 laps): {memory}",
             f"soak: launcher RSS {r.process(LAUNCHER).warm_mb:.1f} -> {r.process(LAUNCHER).end_mb:.1f} MB from lap "
@@ -323,4 +344,7 @@ def soak_report(r: SoakResult) -> list[str]:
             f"launcher grew {r.launcher_unexplained_mb_per_1000:+.3f} MB and {r.launcher_objects_per_1000:+.0f} "
             f"objects per 1000 laps; CPU of one dashboard summary {r.summarize_ms[0]:.1f} -> {r.summarize_ms[1]:.1f} "
             f"ms, "
-            f"of one scrape {r.scrape_ms[0]:.1f} -> {r.scrape_ms[1]:.1f} ms (a tenth in -> the end)"]
+            f"of one scrape {r.scrape_ms[0]:.1f} -> {r.scrape_ms[1]:.1f} ms (a tenth in -> the end)",
+            f"soak: rate by tenth of the run {tenths} tok/s; lap time drift {r.lap_ms_drift_per_1000:+.3f} +- "
+            f"{r.lap_ms_drift_stderr:.3f} ms per 1000 laps (a lap ~{lap_ms:.1f} ms: a per-lap cost growing with the "
+            f"laps shows here as a steady slope, the box's noise as scatter)"]

@@ -17,7 +17,8 @@ from testbed.bench import synthetic_lap_line
 from testbed.config import load_scenario
 from testbed.core.records import LapRecord
 from testbed.runlog import LAP_WINDOW, RunLog
-from testbed.soak import LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, soak, soak_report, warmup_laps
+from testbed.soak import (LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, lap_time_drift, soak,
+                          soak_report, warmup_laps)
 from testbed.summarize import summarize
 from tests.fakes import fake_lap, fake_scenario
 
@@ -167,3 +168,14 @@ def test_a_summary_past_the_window_costs_the_same_at_any_number_of_laps():
     fed_laps(log, range(first, last), text=False)
     at_last = summary_cpu_s(log)
     assert at_last < SUMMARY_COST_RATIO_BOUND * at_first, (at_first, at_last)
+
+
+def test_the_lap_time_drift_finds_a_per_lap_cost_that_grows():
+    samples, wall_s = [], 0.0
+    for laps in range(0, 2001, 20):  # a lap costs 10 ms plus 0.5 ms per 1000 laps already run
+        samples.append(Sample(laps / 100, laps, laps, wall_s, {}))
+        wall_s += 20 * (0.010 + 0.0005 * (laps + 10) / 1000)
+    drift, stderr = lap_time_drift(samples)
+    assert drift == pytest.approx(0.5, rel=0.01) and stderr < 0.01
+    flat = [Sample(s.at_s, s.laps, s.tokens, s.laps * 0.010, {}) for s in samples]
+    assert lap_time_drift(flat)[0] == pytest.approx(0.0, abs=1e-9)
