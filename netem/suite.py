@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 
-SUITE_TIMEOUT_S = 2700  # inside user-mode-linux the suite took 16.5 min on a slow 2-core VM (6.5 min on a fast one)
+SUITE_TIMEOUT_S = 2700  # a guest: the whole suite in one took 16.5-19.6 min on a slow 2-core VM; two take ~5 min each
 REQUIRE_ENV = "GEO_RING_REQUIRE_NETEM"
-# About half the suite's time inside UML (measured there: nodes 350 s, schedule 60 s, kernel 90 s of ~1170 s)
+# About half the suite's time inside UML (one guest: nodes 350 s, schedule 60 s, kernel 90 s of ~1170 s; side by
+# side on a fresh clone this group took 284 s and the rest 253 s)
 UML_FIRST_GROUP = ("tests/test_netem_nodes.py", "tests/test_netem_schedule.py", "tests/test_netem_kernel.py")
 
 
