@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if ok:
         print(f"netem suite: this kernel cannot run it ({caps.detail}); running inside user-mode-linux", flush=True)
         uml = [sys.executable, "-m", "netem.uml", "--timeout", str(SUITE_TIMEOUT_S), "--"]
-        if any(os.path.exists(arg.split("::")[0]) for arg in extra):  # the caller named what to run
+        named = any(os.path.exists(arg.split("::")[0]) for arg in extra)  # the caller named what to run
+        if named or not any(os.path.exists(path) for path in UML_FIRST_GROUP):  # or runs it from elsewhere
             return subprocess.call([*uml, *pytest_cmd])
         return run_side_by_side(uml, pytest_cmd)
     banner(f"netem suite SKIPPED: kernel lacks it ({caps.detail}) and user-mode-linux is unavailable ({reason}). "
