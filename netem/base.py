@@ -46,6 +46,7 @@ class ScheduleChange:
     sent_s: float
     landed_s: float
 
+
 class Shaper(abc.ABC):
     """A backend that places agents on an emulated network.
 

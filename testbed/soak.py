@@ -205,9 +205,10 @@ def rate_between(a: Sample, b: Sample) -> float:
     return (b.tokens - a.tokens) / (b.wall_s - a.wall_s) if b.wall_s > a.wall_s else float("nan")
 
 
-def tenth_rates(running: list[Sample], laps: int) -> tuple[float, ...]:
-    bounds = [running[0], *(nearest(running, laps * i / 10) for i in range(1, 10)), running[-1]]
-    return tuple(rate_between(a, b) for a, b in zip(bounds, bounds[1:]))
+def stretches(running: list[Sample], laps: int, blocks: int = 10) -> list[tuple[Sample, Sample]]:
+    """The run cut into `blocks` stretches of about laps / blocks laps: (first sample, last sample) of each."""
+    bounds = [running[0], *(nearest(running, laps * i / blocks) for i in range(1, blocks)), running[-1]]
+    return list(zip(bounds, bounds[1:]))
 
 
 def lap_time_drift(running: list[Sample], blocks: int = 10) -> tuple[float, float]:
@@ -215,10 +216,8 @@ def lap_time_drift(running: list[Sample], blocks: int = 10) -> tuple[float, floa
     stretches of the run: the box's noise comes in phases of seconds (steal bursts), so a fit over every sample
     would understate the error many times over (a 10,000-lap soak here: +0.11 +- 0.01 by samples, while a
     6,000-lap run fitted the same way gave -0.41 +- 0.04)."""
-    last = running[-1].laps
-    bounds = [running[0], *(nearest(running, last * i / blocks) for i in range(1, blocks)), running[-1]]
     points = [((a.laps + b.laps) / 2, (b.wall_s - a.wall_s) / (b.laps - a.laps) * 1e3)
-              for a, b in zip(bounds, bounds[1:]) if b.laps > a.laps]
+              for a, b in stretches(running, running[-1].laps, blocks) if b.laps > a.laps]
     if len(points) < 4:
         return float("nan"), float("nan")
     laps, lap_ms = np.array(points).T
@@ -248,7 +247,8 @@ def analyse(samples: list[Sample], costs: list[tuple[int, float, float]], laps: 
     records_per_lap = (end.lap_records - warm.lap_records) / grown if grown else float("nan")
     return SoakResult(laps, last.tokens, run_s, warm.laps, end.laps, predicted_tok_s,
                       rate_between(first, nearest(running, laps / 10)),
-                      rate_between(nearest(running, laps * 0.9), last), tenth_rates(running, laps),
+                      rate_between(nearest(running, laps * 0.9), last),
+                      tuple(rate_between(a, b) for a, b in stretches(running, laps)),
                       *lap_time_drift(running), tuple(memory), per_record.bytes * records_per_lap * 1000 / 2**20,
                       per_1000(beyond_the_lap_log(warm, end, per_record), grown),
                       (cost_near(0.1, 1), cost_near(0.95, 1)), (cost_near(0.1, 2), cost_near(0.95, 2)))
@@ -350,6 +350,6 @@ def soak_report(r: SoakResult) -> list[str]:
             f"objects per 1000 laps; CPU of one dashboard summary {r.summarize_ms[0]:.1f} -> {r.summarize_ms[1]:.1f} "
             f"ms, "
             f"of one scrape {r.scrape_ms[0]:.1f} -> {r.scrape_ms[1]:.1f} ms (a tenth in -> the end)",
-            f"soak: rate by tenth of the run {tenths} tok/s; lap time drift over the tenths {r.lap_ms_drift_per_1000:+.3f} +- "
-            f"{r.lap_ms_drift_stderr:.3f} ms per 1000 laps (a lap ~{lap_ms:.1f} ms: a per-lap cost growing with the "
+            f"soak: rate by tenth of the run {tenths} tok/s; lap time drift over the tenths "
+            f"{r.lap_ms_drift_per_1000:+.3f} +- {r.lap_ms_drift_stderr:.3f} ms per 1000 laps (a lap ~{lap_ms:.1f} ms: a per-lap cost growing with the "
             f"laps shows here as a steady slope, the box's noise as scatter)"]
