@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RESULTS := results
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps geo-ring test test-fast test-netem bench sweep report clean-net clean
+.PHONY: all setup system-deps geo-ring test test-exact test-fidelity test-fast test-netem bench sweep report clean-net clean
 
 all: test
 
@@ -28,21 +28,28 @@ system-deps:
 geo-ring: $(STAMP)
 	$(PY) -m testbed run geo-ring --phases plain,speculative --set decode.k=auto --json $(RESULTS)/geo-ring.json
 
-# The whole suite: the fast and real-ring tests here, then the kernel netem suite (natively where the
-# kernel has sch_netem and we are root, else inside user-mode-linux, else a loud skip).
+# The whole suite in three tiers (README): exact (simulated time, no root), fidelity (real time on the relay),
+# kernel (netem natively where the kernel has sch_netem and we are root, else inside user-mode-linux, else a
+# loud skip).
 test: $(STAMP)
 	$(PY) -m agents.train
-	$(PY) -m pytest -m "not netem" $(PYTEST_ARGS)
+	$(PY) -m pytest -m exact $(PYTEST_ARGS)
+	$(PY) -m pytest -m fidelity $(PYTEST_ARGS)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not netem and not slow" $(PYTEST_ARGS)
+test-exact: $(STAMP)
+	$(PY) -m pytest -m exact $(PYTEST_ARGS)
+
+test-fidelity: $(STAMP)
+	$(PY) -m pytest -m fidelity $(PYTEST_ARGS)
+
+test-fast: test-exact
 
 test-netem: $(STAMP)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) -m testbed bench --shapers userspace,netem
+	$(PY) -m testbed bench --shapers virtual,userspace,netem
 
 sweep: $(STAMP)
 	$(PY) -m testbed sweep geo-ring --k 2,4,6,8,12,16,21 --alpha 0.6,0.7,0.8,0.9 --rounds 40 \

@@ -22,13 +22,16 @@ import time
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import trio
 
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
+from testbed.core.transport import TCP, Transport
+from testbed.core.transport import serve as serve_links
+from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
@@ -84,43 +87,51 @@ class Usage:
 
 
 class Control:
-    """JSON lines to the launcher over an inherited pipe."""
+    """JSON lines to the launcher: over an inherited pipe (`from_fd`), or to a callable in the same process."""
 
-    def __init__(self, fd: int) -> None:
-        self._file = os.fdopen(fd, "wb", buffering=0)
+    def __init__(self, write: Callable[[bytes], Any]) -> None:
+        self._write = write
+
+    @classmethod
+    def from_fd(cls, fd: int) -> "Control":
+        return cls(os.fdopen(fd, "wb", buffering=0).write)
 
     def send(self, event: str, fields: dict[str, Any] | None = None) -> None:
-        self._file.write(encode_line({"event": event, **(fields or {})}))
+        self._write(encode_line({"event": event, **(fields or {})}))
 
 
 def log(spec: AgentSpec, message: str) -> None:
     print(f"[agent {spec.stage} {spec.name}] {message}", file=sys.stderr, flush=True)
 
 
-async def agent_main(spec: AgentSpec, control: Control) -> None:
-    from agents.train import load_model
+async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.ReceiveStream, *,
+                     transport: Transport = TCP, clock: Clock = MONOTONIC,
+                     say: Callable[[str], None] | None = None) -> None:
+    """One agent from its spec to its end. `commands`: the launcher's JSON lines; `transport` and `clock`: the
+    seam a backend chooses (TCP on the box's clock, or the virtual backend's memory network on simulated time)."""
+    from agents.shared import shared_model
 
+    say = say or (lambda message: log(spec, message))
     torch.set_num_threads(spec.threads)
-    model = load_model(spec.model)
+    model = shared_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
     ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms,
-                      mode=spec.decode.mode,
-                      report=control.send, log=lambda message: log(spec, message), dilation=spec.dilation,
+                      mode=spec.decode.mode, report=control.send, clock=clock, log=say, dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
-                      kv_ship=spec.kv_ship, tp=spec.tp)
+                      kv_ship=spec.kv_ship, tp=spec.tp, transport=transport)
     ring.lap_timeout_s = spec.lap_timeout_s
     if spec.head_on_last:
         from agents.head import last_stage_head
 
         sample = resolve(spec.runner)(spec.decode, ring).sample if spec.decode.mode == "plain" else None
         ring.last_head = last_stage_head(spec.decode.mode, sample)
-    listeners = await trio.open_tcp_listeners(0, host=spec.listen_host)
-    control.send("listening", {"port": listeners[0].socket.getsockname()[1]})
+    listener, port = await transport.listen(spec.listen_host)
+    control.send("listening", {"port": port})
 
     async with trio.open_nursery() as nursery:
-        commands = LineReader(trio.lowlevel.FdStream(os.dup(0)))
-        await nursery.start(trio.serve_listeners, ring.serve_connection, listeners)
+        commands = LineReader(commands)
+        await nursery.start(serve_links, transport, ring.serve_connection, listener)
         while True:
             command = await commands.receive_json()
             if command is None:
@@ -181,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     # exits. Orphans are prevented by the stdin pipe instead: when the launcher dies, stdin hits EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides how we stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    control = Control(args.control_fd)
+    control = Control.from_fd(args.control_fd)
     try:
-        trio.run(agent_main, spec, control)
+        trio.run(agent_main, spec, control, trio.lowlevel.FdStream(os.dup(0)))
     except BaseException as exc:  # noqa: BLE001 - our own errors are reported, anything else re-raised
         leaves = leaf_errors(exc)
         if not all(isinstance(e, TestbedError) for e in leaves):

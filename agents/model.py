@@ -109,8 +109,9 @@ class KVCache:
         device: torch.device | str | None = None,
         extra_slots: int = 0,
     ) -> None:
-        if n_layers < 1 or batch_size < 1 or extra_slots < 0:
-            raise ValueError(f"KVCache: expected n_layers >= 1, batch_size >= 1, extra_slots >= 0, got {n_layers}, "
+        # n_layers = 0: a stage that only forwards (layers = 0) keeps nothing but the positions it has seen
+        if n_layers < 0 or batch_size < 1 or extra_slots < 0:
+            raise ValueError(f"KVCache: expected n_layers >= 0, batch_size >= 1, extra_slots >= 0, got {n_layers}, "
                              f"{batch_size}, {extra_slots}")
         self.n_layers = n_layers
         self.batch_size = batch_size

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 from typing import Any, Callable
 
 import numpy as np
@@ -18,6 +16,7 @@ from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
 from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
+from testbed.core.transport import TCP, Transport
 from testbed.core.records import Address, HeadTiming, LapRecord, Stamp
 
 CONNECT_TIMEOUT_S = 30.0
@@ -41,7 +40,8 @@ class RingClient:
                  report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
                  log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
                  prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
-                 codec: wire.WireConfig | None = None, kv_ship: bool = False, tp: TPConfig | None = None) -> None:
+                 codec: wire.WireConfig | None = None, kv_ship: bool = False, tp: TPConfig | None = None,
+                 transport: Transport = TCP) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
@@ -58,11 +58,12 @@ class RingClient:
         self.mode = mode
         self.report_event = report
         self.clock = clock
+        self.transport = transport  # how links are opened and read (testbed.core.transport): TCP, or memory on simulated time
         self.log = log
         self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES + streams)
         # edge clients' frames (wire.SIDE_KINDS) wait here, apart from the ring's (agents.modes.dsd)
         self.side_send, self.side = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES * 4)
-        self.peers: dict[int, trio.SocketStream] = {}
+        self.peers: dict[int, trio.abc.Stream] = {}
         self.lap_no = 0
         self.lap_timeout_s = LAP_TIMEOUT_S
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
@@ -82,20 +83,14 @@ class RingClient:
 
     # --- links ---------------------------------------------------------------------------------
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        """Read frames from one upstream connection into the inbox; a bad frame closes this connection only.
-
-        Frames come at the lap's regular period, so the reader polls around the predicted arrival
-        rather than sleeping through it (see testbed.core.clock.ArrivalPredictor).
-        """
-        raw = socket.socket(fileno=os.dup(stream.socket.fileno()))
-        raw.setblocking(False)
-        predictor = clock_module.ArrivalPredictor()
-        reader = wire.FrameReader(stream, lambda n: clock_module.receive_polling(stream, raw.recv, predictor, n))
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Read frames from one upstream connection into the inbox; a bad frame closes this connection only."""
+        inbound = self.transport.inbound(stream)
+        reader = wire.FrameReader(stream, inbound.receive, now=self.clock.now)
         try:
             while (item := await reader.read()) is not None:
                 if item[0].kind != wire.Kind.KV:
-                    predictor.observe(item[1])
+                    inbound.observe(item[1])
                 await self.enqueue(item)
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
@@ -105,7 +100,7 @@ class RingClient:
         except LinkBroken as exc:
             self.log(f"upstream connection broke: {exc}")
         finally:
-            raw.close()
+            inbound.close()
             await trio.aclose_forcefully(stream)
 
     async def enqueue(self, item: tuple[wire.Frame, float]) -> None:
@@ -147,9 +142,7 @@ class RingClient:
             deadline = trio.current_time() + CONNECT_TIMEOUT_S
             while dst not in self.peers:
                 try:
-                    stream = await trio.open_tcp_stream(*address)
-                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
-                    self.peers[dst] = stream
+                    self.peers[dst] = await self.transport.connect(address)
                 except OSError as exc:
                     if trio.current_time() > deadline:
                         raise PeerTimeout(f"cannot reach stage {dst} at {address}: {exc}") from exc

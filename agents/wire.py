@@ -40,7 +40,7 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBIQII4IHHI")
 STAMP = struct.Struct("<HHIddddd")
 MAX_NDIM = 4
-MAX_STAMPS = 64
+MAX_STAMPS = 1026  # one per stage passed: a ring of testbed.config.MAX_STAGES (1024) stages and a separate head
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a 2000-token prefill of a wide model still fits
 MAX_DIM = 1 << 24
 RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive
@@ -284,9 +284,11 @@ class FrameReader:
     """Reads whole frames from a Trio byte stream, with a bounded buffer."""
 
     def __init__(self, stream: trio.abc.ReceiveStream,
-                 receive: Callable[[int], Awaitable[bytes]] | None = None) -> None:
+                 receive: Callable[[int], Awaitable[bytes]] | None = None,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self._stream = stream
         self._receive = receive or stream.receive_some
+        self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
         self._buffer = bytearray()
 
     async def _fill(self, size: int) -> bool:
@@ -312,7 +314,7 @@ class FrameReader:
             return None
         body = bytes(self._buffer[HEADER.size:total])
         del self._buffer[:total]
-        return decode_body(header, body), time.monotonic()
+        return decode_body(header, body), self._now()
 
     async def read(self) -> tuple[Frame, float] | None:
         """The next frame and the monotonic time it was complete, or None at a clean end of stream."""
@@ -322,7 +324,7 @@ class FrameReader:
         total = HEADER.size + header.body_len
         if not await self._fill(total):
             raise LinkBroken("connection closed mid-frame")
-        received_at = time.monotonic()
+        received_at = self._now()
         body = bytes(self._buffer[HEADER.size:total])  # a copy: the buffer is resized below
         del self._buffer[:total]
         frame = decode_body(header, body)

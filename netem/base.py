@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.errors import ShapingError
 from testbed.core.records import Address, LinkSpec
 
@@ -64,6 +65,10 @@ class Shaper(abc.ABC):
 
     name: str = "abstract"
     reason: str = ""  # why this backend was chosen (printed by the launcher)
+    # A simulated backend (netem.virtual) sets `transport` (testbed.core.transport: how its agents listen and dial) and
+    # its `clock`: the launcher then runs the agents as tasks in its own process, on simulated time.
+    transport = None
+    clock: Clock = MONOTONIC
 
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:

@@ -20,7 +20,7 @@ from netem.probe import Capabilities, probe
 from testbed.core.errors import ShapingError
 from testbed.core.records import LinkSpec
 
-KINDS = ("auto", "netem", "userspace")
+KINDS = ("auto", "netem", "userspace", "virtual")  # "auto" never picks "virtual": it is asked for
 
 
 def _missing_reason(caps: Capabilities) -> str:
@@ -53,6 +53,14 @@ def _userspace(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, o
     return shaper
 
 
+def _virtual(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, options: ShaperOptions) -> Shaper:
+    from netem.virtual import VirtualShaper
+
+    shaper = VirtualShaper(links, n_stages, run_id, options)
+    shaper.reason = reason
+    return shaper
+
+
 def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, *,
                   options: ShaperOptions | None = None,
                   probe_fn: Callable[[], Capabilities] = probe) -> Shaper:
@@ -62,6 +70,9 @@ def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, 
         raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(KINDS)}")
     if kind == "userspace":
         return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)", options)
+    if kind == "virtual":
+        return _virtual(links, n_stages, run_id, "virtual: requested (--shaper virtual); simulated time, exact",
+                        options)
     caps = probe_fn()
     if kind == "netem":
         if not caps.netem_ready:

@@ -47,7 +47,7 @@ HOP_TARGET_MS = 0.2
 # Each Table 2 row runs in these variants: (label, dilation, base-path compensation).
 VARIANTS = (("D=1", 1.0, False), ("auto", "auto", False), ("auto+comp", "auto", True))
 # Inside user-mode-linux every agent start costs ~30 s: netem rows skip compensation (the relay shows its worth).
-VARIANTS_BY_SHAPER = {"netem": VARIANTS[:2]}
+VARIANTS_BY_SHAPER = {"netem": VARIANTS[:2], "virtual": VARIANTS[:1]}  # virtual: exact, dilation does not apply
 LAUNCHER_LOG_SIZES = (100, 10_000)  # laps already in the run log when the launcher's per-lap cost is measured
 LAUNCHER_MEASURED_LAPS = 100
 
@@ -313,10 +313,14 @@ def main(args: argparse.Namespace, console: Console) -> int:
                           f"{max(hops, default=0.0):.3f} ms (target <= {HOP_TARGET_MS} ms: "
                           f"{'met' if max(hops, default=0.0) <= HOP_TARGET_MS else 'MISSED'}); "
                           f"{sum(r.wall_s for r in mine):.0f} s in all")
-    figures["launcher"] = launcher_cost_table(console)
     from testbed.bench_scale import scale_table
+    from testbed.bench_virtual import against_virtual_table, virtual_scale_table
+    if "virtual" in by_shaper:
+        figures["against_virtual"] = against_virtual_table(console, by_shaper, VARIANTS_BY_SHAPER, VARIANTS)
+    figures["launcher"] = launcher_cost_table(console)
 
     figures["scale"] = scale_table(console, quick)
+    figures["virtual_scale"] = virtual_scale_table(console, quick)
     from testbed.soak import soak_line
     figures["soak"] = soak_line(console, quick)
     if args.json:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.markup import escape
 
+from netem.select import KINDS as SHAPER_KINDS
 from testbed import api
 from testbed.config import Scenario, builtin_names, load_scenario
 from testbed.core.decode import MODES
@@ -29,8 +30,9 @@ def dilation_arg(text: str) -> float | str:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help=f"built-in name ({', '.join(builtin_names())}) or a TOML file")
-    parser.add_argument("--shaper", choices=("auto", "netem", "userspace"), default="auto",
-                        help="network shaping backend (default: auto = netem where the kernel has it)")
+    parser.add_argument("--shaper", choices=SHAPER_KINDS, default="auto",
+                        help="network shaping backend (default: auto = netem where the kernel has it; virtual = "
+                             "every agent on simulated time in this process, exact)")
     parser.add_argument("--tokens", type=int, help="tokens to generate (overrides decode.tokens)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")

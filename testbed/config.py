@@ -23,7 +23,7 @@ from testbed.validate import number as _number
 from testbed.validate import string as _string
 
 SCENARIO_PACKAGE = "testbed.scenarios"
-MAX_STAGES = 16
+MAX_STAGES = 1024  # a virtual ring may be this long (netem.virtual); agent processes: ~16-20 fit this box
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         _check_keys(st, _STAGE_KEYS, source, where)
         layers = st.get("layers")
         if layers is not None:
-            layers = _number(st, "layers", 1, source, where, minimum=1, integer=True)
+            # 0: a stage that only forwards the hidden state, with its emulated compute (rings of hundreds of stages)
+            layers = _number(st, "layers", 1, source, where, minimum=0, integer=True)
         stages.append(StageConfig(
             name=_string(st, "name", f"stage{i}", source, where),
             compute_ms=_number(st, "compute_ms", 0.0, source, where, maximum=60_000) * scale,
@@ -354,9 +355,10 @@ def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "
     """Each stage's [first, last) target layers: explicit `layers` where given, the rest split evenly."""
     if stages and stages[-1].is_head:  # the separate head's agent runs no layers
         return split_layers(n_layers, stages[:-1], source) + [(n_layers, n_layers)]
-    n = len(stages)
+    n = sum(1 for s in stages if s.layers is None)  # stages to fill: an explicit `layers = 0` forwards only
     if n > n_layers:
-        raise ConfigError(f"{n} stages but the model has only {n_layers} layers; every stage needs at least one",
+        raise ConfigError(f"{n} stages but the model has only {n_layers} layers; every stage needs at least one "
+                          "(or layers = 0: a stage that only forwards, with its emulated compute)",
                           source=source, key="stages")
     fixed = sum(s.layers for s in stages if s.layers is not None)
     free = [i for i, s in enumerate(stages) if s.layers is None]

@@ -308,8 +308,10 @@ def table(result: FaultsResult) -> Table:
 def shapers_of(args: argparse.Namespace) -> list[str]:
     """--shapers a,b (each row set once per backend) or --shaper."""
     text = getattr(args, "shapers", None) or args.shaper
-    return listed(text, "--shapers", "backends among auto, netem, userspace, like userspace,netem", str,
-                  lambda v: v in ("auto", "netem", "userspace"))
+    from netem.select import KINDS
+
+    return listed(text, "--shapers", f"backends among {', '.join(KINDS)}, like userspace,netem", str,
+                  lambda v: v in KINDS)
 
 
 def main(args: argparse.Namespace, console: Console) -> int:

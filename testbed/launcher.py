@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,7 +20,7 @@ from netem.userspace import stop_process
 from testbed.config import Scenario, split_layers
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import MODES
-from testbed.core.errors import AgentFailed, PeerTimeout
+from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
 from testbed.dilation import box_scenario
@@ -77,6 +76,10 @@ class Launcher:
         self.agents: list[AgentHandle] = []
         self.listen: dict[int, tuple[str, int]] = {}  # each agent's listener, once known
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
+        self.clock = shaper.clock  # the box's, or simulated time (netem.virtual)
+        if shaper.transport is not None:  # simulated: the run log's readers (another thread) see its last moment
+            self._seen_s = 0.0
+            runlog.now = lambda: self._seen_s
 
     def agent_specs(self, n_layers: int) -> list[AgentSpec]:
         sc = self.physical
@@ -99,7 +102,15 @@ class Launcher:
                  for i in range(sc.n_stages, sc.n_agents)]  # edge clients (agents.modes.dsd)
         return stages + edges
 
-    async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
+    async def _spawn(self, nursery: trio.Nursery, spec: AgentSpec) -> tuple[trio.Process, trio.abc.ReceiveStream]:
+        """Start agent `spec`: (its process, its control stream). On a simulated backend the "process" is a Trio
+        task in this one (agents.inprocess.TaskAgent), on the shaper's transport and clock."""
+        if self.shaper.transport is not None:
+            from agents.inprocess import TaskAgent
+
+            agent = TaskAgent(spec, self.shaper.transport, self.shaper.clock)
+            nursery.start_soon(agent.run)
+            return agent, agent.control  # type: ignore[return-value]
         read_fd, write_fd = os.pipe()
         argv = self.shaper.agent_command_prefix(spec.stage) + [
             sys.executable, "-m", "agents.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)]
@@ -112,7 +123,11 @@ class Launcher:
             raise AgentFailed(spec.name, f"cannot start: {exc}") from exc
         finally:
             os.close(write_fd)
-        handle = AgentHandle(spec.stage, spec.name, process, trio.lowlevel.FdStream(read_fd))
+        return process, trio.lowlevel.FdStream(read_fd)
+
+    async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
+        process, control = await self._spawn(nursery, spec)
+        handle = AgentHandle(spec.stage, spec.name, process, control)
         self.agents.append(handle)
 
         def on_control(line: str) -> None:
@@ -181,13 +196,14 @@ class Launcher:
         origin = getattr(self.runlog, "schedule_origin", None)
         if origin is None:
             return ""
-        t = time.monotonic() - origin
+        t = self.clock.now() - origin
         down = [e for e in self.physical.schedule if e.down_s and e.at_s <= t < e.at_s + e.down_s]
         return "".join(f"; link {e.link} is down by the schedule (from {e.at_s / self.dilation.factor:g} s for "
                        f"{e.down_s / self.dilation.factor:g} s)" for e in down)
 
     def _handle(self, stage: int, event: dict) -> bool:
         """Apply a run-time event; True when the run is complete."""
+        self._seen_s = self.clock.now()
         kind = event["event"]
         if kind == "lap":
             if not self.runlog.laps:
@@ -212,16 +228,27 @@ class Launcher:
                          f"(tolerance {check.tolerance_ms:.3f} ms)")
 
     async def run(self) -> RunSummary:
-        """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary."""
-        await self._run()
+        """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary.
+
+        On a simulated backend (netem.virtual) the run happens on its own simulated clock (testbed.core.virtual_time),
+        in a worker thread: the caller's dashboard and exporter read the run log in real time meanwhile.
+        """
+        from agents.train import ensure_trained
+
+        # Train once here (only if the recipe changed since the weights were shipped), not in every agent at once.
+        await trio.to_thread.run_sync(ensure_trained)
+        if self.shaper.transport is not None:
+            from testbed.core import virtual_time
+
+            await virtual_time.run(self._run)
+        else:
+            await self._run()
         return summarize(self.runlog)
 
     async def _run(self) -> None:
-        from agents.train import MODEL_CONFIGS, ensure_trained
+        from agents.train import MODEL_CONFIGS
 
         specs = self.agent_specs(MODEL_CONFIGS[self.scenario.model].n_layer)  # "target-deep": 16 layers
-        # Train once here (only if the recipe changed since the weights were shipped), not in every agent at once.
-        await trio.to_thread.run_sync(ensure_trained)
         self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason
         try:
             async with self.shaper:
@@ -257,7 +284,7 @@ class Launcher:
         self.runlog.phase = sc.decode.mode
         for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
             await self._command(handle, {"cmd": "run"})
-        self.runlog.schedule_origin = time.monotonic()  # the link schedule counts from here (testbed.schedule)
+        self.runlog.schedule_origin = self.clock.now()  # the link schedule counts from here (testbed.schedule)
         self.runlog.schedule_changes = self.shaper.schedule_changes  # filled as the changes land
         await self.shaper.start_schedule(self.runlog.schedule_origin, nursery)
         while True:
@@ -306,6 +333,15 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
     async def calibrate(calibration: Scenario) -> RunSummary:
         return await run_scenario(calibration, shaper_kind, log=log, echo_agent_stderr=echo_agent_stderr)
 
+    if shaper_kind == "virtual":  # simulated time is exact: there is no overhead for dilation to divide
+        if scenario.emulated_compute_s + scenario.t_ring_s <= 0:
+            raise ConfigError("on the virtual backend a lap with no emulated compute (compute_ms = 0 everywhere) on "
+                              "links of 0 ms takes no simulated time, so it has no rate: give a stage compute_ms or "
+                              "a link a delay", source=scenario.source, key="stages.compute_ms")
+        if dilation not in (1, 1.0, "1", "auto") or compensate:
+            log(f"the virtual backend is exact: --dilation {dilation}{' --compensate' if compensate else ''} "
+                "does not apply (ignored)")
+        dilation, compensate = 1.0, False
     chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
                                     cache=calibrations)
     physical = box_scenario(scenario, chosen)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable, TYPE_CHECKING
 
 from testbed.config import Scenario
 from testbed.core.decode import MODES
@@ -158,6 +158,9 @@ class RunLog:
         self.dilation: DilationSummary | None = None  # the records below are already in scenario time
         self.phase = "starting"
         self.schedule_origin: float | None = None  # box time the link schedule counts from (the agents' run)
+        # the run's clock, on which schedule_origin is: the box's, or (a simulated run, netem.virtual) the last
+        # simulated moment the launcher saw
+        self.now: Callable[[], float] = time.monotonic
         self.schedule_changes: list[ScheduleChange] = []  # Shaper.schedule_changes: when each change took effect
         self.started_at = time.monotonic()
         self.laps: collections.deque[LapRecord] = collections.deque(maxlen=window_laps)  # the latest laps
@@ -295,8 +298,9 @@ class RunLog:
             for histogram, wait_s in zip(self.stage_queue, record.stage_queue_s()):
                 histogram.observe(wait_s)
         self._recent.append(record)
-        rate = sum(lap.tokens for lap in self._recent) / sum(lap.duration_s for lap in self._recent)
-        self.history.append((time.monotonic() - self.started_at, rate))
+        recent_s = sum(lap.duration_s for lap in self._recent)
+        if recent_s > 0:  # laps of zero length (compute_ms = 0 on zero-delay links, simulated) have no rate
+            self.history.append((time.monotonic() - self.started_at, sum(lap.tokens for lap in self._recent) / recent_s))
 
     def _first_prompt_done(self) -> bool:
         last = self.first_prompt[-1].extra if self.first_prompt else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
 import numpy as np
 
@@ -166,6 +165,6 @@ def schedule_events(log: RunLog) -> dict:
     if not log.scenario.schedule:
         return {}
     factor = log.dilation.factor if log.dilation is not None else 1.0
-    elapsed = (time.monotonic() - log.schedule_origin) / factor if log.schedule_origin is not None else None
+    elapsed = (log.now() - log.schedule_origin) / factor if log.schedule_origin is not None else None
     return {"schedule": tuple((e.at_s, e.describe(), elapsed is not None and elapsed >= e.at_s)
                               for e in log.scenario.schedule), "schedule_elapsed_s": elapsed}

@@ -15,17 +15,17 @@ def netem_capable(request):
     return caps
 
 
-# A real-time ring test (marked `slow`) whose timing assertion fails is run once more before it counts as failed.
-# Its tolerance is the testbed's overhead budget (tests/ringutil.py); on these shared 2-core VMs the host's steal
-# bursts sometimes push a whole run past it (a full-suite run here: hops 0.44-0.46 ms over at D = 5 against a
-# 0.40 ms budget, each passing alone). A regression fails both runs; pytest reports every rerun ("R", "N rerun").
-TIMING_RERUNS = 1
+TIERS = ("exact", "fidelity", "netem")
 
 
 def pytest_collection_modifyitems(config, items):
+    """A test marked neither fidelity nor netem is in the exact tier (`-m exact`); none may be in two."""
     for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("flaky"):
-            item.add_marker(pytest.mark.flaky(reruns=TIMING_RERUNS, only_rerun=["AssertionError"]))
+        tiers = [t for t in TIERS if item.get_closest_marker(t)]
+        if not tiers:
+            item.add_marker(pytest.mark.exact)
+        elif len(tiers) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(tiers)}: a test is in one tier")
 
 
 SYSTEM_DEPS_HINT = "apt-get install"  # every skip for a missing system package names its install command

@@ -7,7 +7,7 @@ import trio.testing
 from testbed.core import clock
 
 
-@pytest.mark.slow
+@pytest.mark.fidelity
 async def test_sleep_until_is_precise():
     errors = []
     for _ in range(20):
@@ -27,7 +27,7 @@ def test_arrival_predictor_window():
     assert start == pytest.approx(1.3 - 0.002 - 0.001) and end == pytest.approx(1.3 + 0.01)
 
 
-@pytest.mark.slow
+@pytest.mark.fidelity
 async def test_receive_polling_gets_early_on_time_and_late_data():
     a, b = trio.testing.memory_stream_pair()
     pending = bytearray()

@@ -80,7 +80,6 @@ def test_quality_figures_at_the_extremes():
 DILATION = 4.0  # the box's fixed costs a quarter of a 130 ms first token: the check is the formula, not noise
 
 
-@pytest.mark.slow
 def test_int8_block_on_a_rate_limited_ring_cuts_the_bytes_and_the_ttft():
     ttfts = {}
     for codec in ("f32", "int8-block"):

@@ -80,7 +80,6 @@ def test_the_crossover_is_interpolated_between_grid_points():
 DILATION = 2.0
 
 
-@pytest.mark.slow
 def test_at_100_ms_colocated_sd_beats_synchronous_dsd_as_predicted():
     tokens = ["decode.tokens=16"]
     colocated = run(api.scenario("edge-cloud", overrides=tokens + ["spec.placement=colocated"]), dilation=DILATION)
@@ -99,7 +98,6 @@ def test_at_100_ms_colocated_sd_beats_synchronous_dsd_as_predicted():
     assert d.alpha_hat is not None and 0.5 < d.alpha_hat <= 1.0
 
 
-@pytest.mark.slow
 def test_pipelined_dsd_crosses_colocated_sd_where_predicted():
     """A calibrated draft at alpha 0.9 (greedy: the guess is right whenever all K are) hits ~0.66 of rounds; with
     t_v = 50 ms >= (K + 1) t_d a verdict never lands mid-step, so pipelining beats co-location below
@@ -125,7 +123,6 @@ def test_pipelined_dsd_crosses_colocated_sd_where_predicted():
     assert steps <= 1, (measured, predicted)
 
 
-@pytest.mark.slow
 def test_offloading_the_draft_multiplies_the_server_capacity():
     """Six edge clients at RTT 10 ms keep the server verifying all the time: Gamma / t_v against the co-located
     server's Gamma / (K t_d + t_v), a factor 1 + K t_d / t_v = 3."""

@@ -8,7 +8,7 @@ import pytest
 
 from testbed import api
 from testbed.faults import jitter_lap_s, loss_lap_s, lost_share, with_fault
-from tests.ringutil import run
+from tests.ringutil import EXACT, run
 
 
 def test_the_jitter_model_is_a_sum_of_clamped_normals():
@@ -34,10 +34,24 @@ def test_bad_fault_lists_exit_2():
     assert result.returncode == 2 and "--losses" in result.stdout
 
 
-@pytest.mark.slow
+PROBE_AND_PREFILL_CHUNKS = 6  # every link carries 5 probe frames and the prompt's before the first decode lap
+
+
+def replayed_hops_s(link, laps: int) -> list[float]:
+    """Each decode lap's latency on `link` from its own seeded draws, replayed here (the relay's model: one
+    chunk per lap, propagation max(0, delay + Normal(0, jitter)), then a loss draw when the link has loss)."""
+    import random
+
+    rng, out = random.Random(link.seed), []
+    for i in range(PROBE_AND_PREFILL_CHUNKS + laps):
+        latency = max(0.0, link.delay_ms / 1e3 + rng.gauss(0.0, link.jitter_ms / 1e3))
+        out.append(latency)
+    return out[PROBE_AND_PREFILL_CHUNKS:]
+
+
 def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
-    """The geo ring at scale 0.1 (hops 13, 4, 11 ms; C 3.3 ms; RTO 20 ms), 150 tokens: jitter 3 ms on every link,
-    then 5% loss on every link, each against the clean run."""
+    """The geo ring at scale 0.1 (hops 13, 4, 11 ms; C 3.3 ms; RTO 20 ms), 150 tokens, on simulated time: jitter
+    3 ms on every link, then 5% loss on every link, each against the clean run, exactly."""
     import trio
 
     from testbed.launcher import run_scenario
@@ -45,26 +59,26 @@ def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
 
     base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=150", "decode.temperature=0"]))
     clean = run(base)
-    jittered = run(with_fault(base, jitter_ms=3.0))
+    jittered_sc = with_fault(base, jitter_ms=3.0)
+    jittered = run(jittered_sc)
     lossy_sc = with_fault(base, loss_pct=5.0)
     log = RunLog(lossy_sc)
-    lossy = trio.run(lambda: run_scenario(lossy_sc, "userspace", runlog=log, log=lambda m: None))
+    lossy = trio.run(lambda: run_scenario(lossy_sc, "virtual", runlog=log, log=lambda m: None))
     assert jittered.token_ids == clean.token_ids and lossy.token_ids == clean.token_ids
-    hops = [link.delay_ms / 1e3 for link in base.ring]
-    # the testbed's own per-lap overhead, measured on the clean run (~1.4 ms on a 31 ms lap, undilated), rides on
-    # every model below
-    overhead = 1 / clean.measured_tok_s - (clean.compute_s + base.t_ring_s)
-    assert 0 <= overhead < 0.006
-    mean, _ = jitter_lap_s(jittered.compute_s, hops, 0.003)
-    assert 1 / jittered.measured_tok_s == pytest.approx(mean + overhead, rel=0.05)
-    # the seeded draws lost some share of the ~450 hop crossings: a binomial outcome of p = 5% (within 3 sigma) ...
+    assert 1 / clean.measured_tok_s == pytest.approx(clean.compute_s + base.t_ring_s, rel=EXACT)
+    # jitter: the lap is C plus each link's own seeded draws, replayed here, to 1e-6 ...
+    replayed = sum(np.mean(replayed_hops_s(link, jittered.laps)) for link in jittered_sc.ring)
+    assert 1 / jittered.measured_tok_s == pytest.approx(jittered.compute_s + replayed, rel=EXACT)
+    # ... and jitter_lap_s is the expectation of that sample mean: within its standard error (3 sigma)
+    mean, _ = jitter_lap_s(jittered.compute_s, [link.delay_ms / 1e3 for link in base.ring], 0.003)
+    assert abs(1 / jittered.measured_tok_s - mean) < 3 * 0.003 * (3 / jittered.laps) ** 0.5
+    # loss: the seeded draws lost some share of the ~450 hop crossings, a binomial outcome of p = 5% (3 sigma) ...
     lost = lost_share(log, base.loss_rto_ms / 1e3)
     n = 3 * lossy.laps
     assert abs(lost - 0.05) * n < 3 * (n * 0.05 * 0.95) ** 0.5
-    # ... and each cost one timeout: the lap is the model's with that share
+    # ... and each cost exactly one timeout: the lap is the model's with that share
     mean, _ = loss_lap_s(lossy.compute_s, base.t_ring_s, 3, lost, base.loss_rto_ms / 1e3)
-    assert 1 / lossy.measured_tok_s == pytest.approx(mean + overhead, rel=0.05)
-    assert 1 / lossy.measured_tok_s > 1.05 / clean.measured_tok_s  # ~3 ms of timeouts a lap on a 31 ms lap
+    assert 1 / lossy.measured_tok_s == pytest.approx(mean, rel=EXACT)
 
 
 def test_the_kernel_tcp_reader_parses_this_namespace():

@@ -33,7 +33,6 @@ def kv_bytes(n_tok: int) -> int:
     return wire.HEADER.size + 2 * LAYERS_PER_STAGE * n_tok * D_MODEL * 4
 
 
-@pytest.mark.slow
 def test_shipping_kv_costs_its_bytes_at_the_link_rate():
     local, ship = run(scenario("local"), dilation=DILATION), run(scenario("ship"), dilation=DILATION)
     # every hop of the prefill lap carried the prompt's KV on top of its hidden state; every decode lap one token's

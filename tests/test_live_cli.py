@@ -21,7 +21,7 @@ import pytest
 
 from tests.test_prometheus_server import free_port, query, start_prometheus, stop_prometheus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.fidelity
 RUN_TIMEOUT_S = 180
 READER_JOIN_TIMEOUT_S = 10.0
 PROMETHEUS_MISSING = "prometheus is not installed (apt-get install prometheus)"

@@ -28,7 +28,6 @@ def test_an_unknown_mode_is_a_config_error_naming_the_choices():
         ring_scenario([1.0, 1.0], mode="echo")
 
 
-@pytest.mark.slow
 def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(echo_registered):
     scenario = ring_scenario([2.0, 2.0, 2.0], compute_ms=3.0, tokens=len(PROMPT), mode="echo", prompt=PROMPT)
     summary = run(scenario)

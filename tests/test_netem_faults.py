@@ -13,7 +13,7 @@ import trio
 
 from testbed.faults import measure
 
-pytestmark = [pytest.mark.netem, pytest.mark.slow]
+pytestmark = pytest.mark.netem
 
 
 def test_netem_loss_costs_the_kernels_recovery_not_the_relays_rto():

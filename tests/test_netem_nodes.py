@@ -23,7 +23,7 @@ from tests.hostsutil import N, assert_nothing_left, kill_worker, run_all, wait_f
 from testbed.api import scenario as load
 from testbed.core.summary import RunSummary
 
-pytestmark = [pytest.mark.netem, pytest.mark.slow]
+pytestmark = pytest.mark.netem
 UML_HOP_BUDGET_MS = 4.0  # tests/test_netem_ring.py: per-hop p50 - configured 0.8-2.9 ms in UML at D = 1
 SCENARIO = ("geo-ring", "--set", "scale=0.1", "--shape", "egress")
 

@@ -47,7 +47,7 @@ import pytest
 from tests.ringutil import ring_scenario, run
 from testbed.core import physics
 
-pytestmark = [pytest.mark.netem, pytest.mark.slow]
+pytestmark = pytest.mark.netem
 
 NETEM_HOP_OVERHEAD_BUDGET_MS = 4.0  # per hop, p50 and mean: worst seen inside UML 2.9 (p50), 3.1 ms (mean)
 NETEM_LAP_RESIDUAL_BUDGET_MS = 8.0  # entry node's own framing per lap: worst seen inside UML 6.7 ms

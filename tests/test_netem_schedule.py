@@ -13,7 +13,7 @@ from testbed.core.errors import AgentFailed, leaf_errors
 from testbed.launcher import run_scenario
 from testbed.runlog import RunLog
 
-pytestmark = [pytest.mark.netem, pytest.mark.slow]
+pytestmark = pytest.mark.netem
 
 
 def test_netem_follows_the_schedule_and_a_partition_ends_the_run_naming_the_link():

@@ -119,7 +119,7 @@ def test_uml_prerequisites_name_the_missing_guest_tool_and_its_package(tmp_path)
     assert missing_guest_tools(str(tmp_path)) == {}
 
 
-@pytest.mark.slow
+@pytest.mark.fidelity
 def test_uml_runs_a_command_and_returns_its_status(tmp_path):
     from netem.uml import run, uml_available
 

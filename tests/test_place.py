@@ -94,7 +94,6 @@ def test_a_bad_head_region_exits_2():
     assert result.returncode == 2 and "--head-region" in result.stdout and "mars" in result.stdout
 
 
-@pytest.mark.slow
 def test_the_best_order_measures_faster_than_the_worst_as_predicted(tmp_path):
     from tests.ringutil import rate_tolerance, run
 

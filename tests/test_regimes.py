@@ -46,12 +46,11 @@ def test_an_unknown_part_is_a_clear_error():
     assert "--only" in result.stdout and "prefix" in result.stdout
 
 
-@pytest.mark.slow
 def test_the_command_measures_and_writes_json(tmp_path):
     scenario = tmp_path / "r.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "regimes.json"
-    result = subprocess.run([sys.executable, "-m", "testbed", "regimes", str(scenario), "--shaper", "userspace",
+    result = subprocess.run([sys.executable, "-m", "testbed", "regimes", str(scenario), "--shaper", "virtual",
                              "--dilation", "4", "--only", "streams", "--streams", "4", "--tokens", "8", "--json", str(out)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr

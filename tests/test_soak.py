@@ -54,7 +54,7 @@ def check(result: SoakResult) -> None:
         assert result.process(LAUNCHER).slope_mb_per_1000 < LAUNCHER_SLOPE_BOUND_MB_PER_1000, result.memory
 
 
-@pytest.mark.slow
+@pytest.mark.fidelity
 def test_a_fast_ring_keeps_its_memory_flat_and_its_rate():
     result = trio.run(lambda: soak(LAPS, warmup_fraction=WARMUP_FRACTION, window_laps=SOAK_WINDOW_LAPS))
     print("\n".join(soak_report(result)))

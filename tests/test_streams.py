@@ -116,7 +116,6 @@ def stream_runs():
     return runs
 
 
-@pytest.mark.slow
 def test_per_stream_rate_stays_at_the_wall_while_the_aggregate_grows(stream_runs):
     lap_s = (3 * STAGE_MS + sum(HOPS_MS)) / 1e3
     tolerance = rate_tolerance(3, lap_s, DILATION)
@@ -128,7 +127,6 @@ def test_per_stream_rate_stays_at_the_wall_while_the_aggregate_grows(stream_runs
     assert two.aggregate_tok_s / one.aggregate_tok_s == pytest.approx(2.0, rel=2 * tolerance)
 
 
-@pytest.mark.slow
 def test_past_the_bottleneck_the_aggregate_flattens_at_its_ceiling(stream_runs):
     st = stream_runs[8, "none"].streams
     # past (C + T_ring) / c_max = 4.5 frames the slowest stage is busy all the time: 1 / c_max
@@ -137,12 +135,13 @@ def test_past_the_bottleneck_the_aggregate_flattens_at_its_ceiling(stream_runs):
     assert st.aggregate_predicted_tok_s == pytest.approx(st.ceiling_tok_s, rel=1e-9)
     assert st.aggregate_tok_s == pytest.approx(st.aggregate_predicted_tok_s, rel=tolerance)
     assert st.aggregate_tok_s == pytest.approx(ceiling, rel=tolerance)
-    assert st.per_stream_p50_tok_s == pytest.approx(ceiling / 8, rel=tolerance)
+    # each stream's own rate is over its whole run, whose last laps run faster as the train thins (streams that
+    # end leave the bottleneck to the rest): measured on simulated time, +3.8% over the steady ceiling / 8
+    assert ceiling / 8 < st.per_stream_p50_tok_s < 1.05 * ceiling / 8
     assert max(st.stage_busy) > 0.9
     assert max(st.stage_queue_ms_mean) > STAGE_MS  # frames queue: the train is longer than the ring
 
 
-@pytest.mark.slow
 def test_continuous_batching_moves_the_streams_as_one_convoy(stream_runs):
     st = stream_runs[4, "continuous"].streams
     assert st.stage_batch_mean == (4.0, 4.0, 4.0)
@@ -152,7 +151,6 @@ def test_continuous_batching_moves_the_streams_as_one_convoy(stream_runs):
     assert st.aggregate_tok_s == pytest.approx(4 / lap_s, rel=2 * tolerance)
 
 
-@pytest.mark.slow
 def test_every_stream_decodes_what_the_model_alone_decodes(stream_runs):
     for key in ((8, "none"), (4, "continuous")):
         st = stream_runs[key].streams
@@ -186,7 +184,6 @@ def prefills():
     return {**runs, (128, 32): chunked[1]}
 
 
-@pytest.mark.slow
 def test_ttft_grows_with_the_prompt_over_a_rate_limited_link(prefills):
     for (p, chunk), t in prefills.items():
         if chunk:
@@ -200,7 +197,6 @@ def test_ttft_grows_with_the_prompt_over_a_rate_limited_link(prefills):
     assert grown == pytest.approx(prefills[128, 0].predicted_s - prefills[16, 0].predicted_s, rel=0.05)
 
 
-@pytest.mark.slow
 def test_chunked_prefill_pipelines_over_the_stages(prefills):
     chunked, whole = prefills[128, 32], prefills[128, 0]
     assert chunked.chunks == 4 and chunked.prompt_tokens == 128

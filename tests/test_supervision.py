@@ -17,7 +17,7 @@ from testbed.core.errors import AgentFailed, leaf_errors
 from testbed.runlog import RunLog
 from testbed.launcher import Launcher, new_run_id
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.fidelity
 TEARDOWN_LIMIT_S = 2.0
 
 

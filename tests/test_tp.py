@@ -108,7 +108,6 @@ def tolerance(summary) -> float:
     return (steps * HOP_OVERHEAD_BUDGET_MS + LAP_RESIDUAL_BUDGET_MS) / t.predicted_token_ms
 
 
-@pytest.mark.slow
 def test_tp_on_the_geo_ring_pays_its_all_reduces():
     """The geo ring with its links at half their delay (65, 20, 55 ms), at D = 2: PP, then TP with the ring
     all-reduce. Predicted TP/PP 13.0, Eq. 8's bound 4 L / N = 8."""
@@ -128,7 +127,6 @@ def test_tp_on_the_geo_ring_pays_its_all_reduces():
     assert ratio > t.ratio_bound == 8.0
 
 
-@pytest.mark.slow
 def test_all_to_all_is_one_exchange_per_all_reduce():
     """Two ranks, links 20 and 30 ms: all-to-all over the ring's two links, 12 exchanges a token."""
     raw = {"stages": [{"name": "a", "compute_ms": 6.0}, {"name": "b", "compute_ms": 6.0}],
@@ -155,7 +153,6 @@ def test_a_bad_hop_scale_exits_2():
     assert result.returncode == 2 and "--hop-scale" in result.stdout
 
 
-@pytest.mark.slow
 def test_the_tp_command_writes_pp_and_tp_side_by_side(tmp_path):
     import subprocess
     import sys
@@ -164,7 +161,7 @@ def test_the_tp_command_writes_pp_and_tp_side_by_side(tmp_path):
 
     out = tmp_path / "tp.json"
     result = subprocess.run([sys.executable, "-m", "testbed", "tp", "geo-ring", "--set", "scale=0.1", "--tokens", "3",
-                             "--hop-scale", "1", "--shaper", "userspace", "--json", str(out)], capture_output=True,
+                             "--hop-scale", "1", "--shaper", "virtual", "--json", str(out)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     row, = TpResult.from_json(out.read_text()).tp_rows

@@ -152,13 +152,13 @@ class EdgeClient:
     """One edge client: its prompt, then rounds of K drafts until decode.tokens tokens (its own request)."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient, spec: SpecConfig) -> None:
-        from agents.train import load_model
+        from agents.shared import shared_model
 
         self.config, self.ring, self.spec = config, ring, spec
         self.client = ring.index - ring.n_stages
         self.k = int(config.k)
         self.rand = randoms(config.seed, self.client)
-        model = load_model("target" if config.draft == "calibrated" else "draft")
+        model = shared_model("target" if config.draft == "calibrated" else "draft")
         self.drafter = Drafter(model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3, self.rand,
                                ring.clock, ring.dilation)
 

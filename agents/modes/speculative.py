@@ -135,9 +135,13 @@ class Drafter:
         self.fed.extend(block)
         return logits
 
-    def propose(self, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor], float, float]:
-        """K drafts and their q rows; also the draft time (with emulation) and the real compute time."""
-        drafts, qs, real = [], [], 0.0
+    async def propose(self, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor], float, float]:
+        """K drafts and their q rows; also the draft time (with emulation) and the real compute time.
+
+        Each step lasts max(draft_ms, D x its real time); the steps follow one another with nothing in between, so
+        the entry is held once, to the sum (on the box without yielding, as a busy device; on simulated time a sleep).
+        """
+        drafts, qs, real, held = [], [], 0.0, 0.0
         clock = self.clock
         start = clock.now()
         context = list(sequence)
@@ -151,10 +155,11 @@ class Drafter:
             x = sample(q, self.rand.generator(len(context), PositionRandom.DRAFT))
             took = clock.now() - step
             real += took
-            clock.spin_until(step + max(self.draft_s, self.dilation * took))
+            held += max(self.draft_s, self.dilation * took)
             drafts.append(x)
             qs.append(q)
             context.append(x)
+        await clock.hold_until(start + held)
         return drafts, qs, clock.now() - start, real
 
 
@@ -234,12 +239,12 @@ class SpeculativeMode:
     """
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.train import load_model
+        from agents.shared import shared_model
 
         self.config = config
         self.ring = ring
         self.rand = PositionRandom(config.seed)
-        draft_model = load_model("target" if config.draft == "calibrated" else "draft")
+        draft_model = shared_model("target" if config.draft == "calibrated" else "draft")
         self.drafter = Drafter(draft_model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3,
                                self.rand, ring.clock, ring.dilation)
         self.chooser = KChooser(None if config.k == "auto" else int(config.k), config.k_max)
@@ -263,7 +268,7 @@ class SpeculativeMode:
         """Draft K tokens, verify them in one lap, report the round."""
         config, clock = self.config, self.ring.clock
         round_start = clock.now()
-        drafts, qs, draft_time, draft_real = self.drafter.propose(self.sequence, k)
+        drafts, qs, draft_time, draft_real = await self.drafter.propose(self.sequence, k)
         block, pos = [self.sequence[-1]] + drafts, len(self.sequence) - 1
         base = len(self.sequence)
 

@@ -103,10 +103,12 @@ class TreeDrafter:
         return self.model.head(x)[0]
 
     @torch.inference_mode()
-    def draft(self, sequence: list[int], generator: torch.Generator) -> tuple[Tree, float, float, int]:
-        """(tree, draft time with emulation, real time, draft steps) for a tree of decode.tree_n nodes after the root."""
+    async def draft(self, sequence: list[int], generator: torch.Generator) -> tuple[Tree, float, float, int]:
+        """(tree, draft time with emulation, real time, draft steps) for a tree of decode.tree_n nodes after the root.
+
+        Each step lasts max(draft_ms, D x its real time); the entry is held once to their sum (Drafter.propose)."""
         clock = self.clock
-        start, timing = clock.now(), [0.0, 0]  # real seconds, steps
+        start, timing = clock.now(), [0.0, 0, 0.0]  # real seconds, steps, held seconds
         self._sync(sequence[:-1])
         root_pos = len(sequence) - 1
 
@@ -116,11 +118,12 @@ class TreeDrafter:
             took = clock.now() - step
             timing[0] += took
             timing[1] += 1
-            clock.spin_until(step + max(self.draft_s, self.dilation * took))
+            timing[2] += max(self.draft_s, self.dilation * took)
             return logits
 
         tree = grow(Tree([sequence[-1]]), self.config, forward, generator)
         self.cache.truncate(len(self.fed))
+        await clock.hold_until(start + timing[2])
         return tree, clock.now() - start, timing[0], timing[1]
 
 
@@ -191,10 +194,10 @@ class TreeMode:
     """The entry's loop: draft a tree, verify it in one lap, keep the accepted path; one lap record per round."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.train import load_model
+        from agents.shared import shared_model
 
         self.config, self.ring = config, ring
-        self.drafter = TreeDrafter(load_model("draft"), config, config.draft_ms / 1e3, ring.clock, ring.dilation)
+        self.drafter = TreeDrafter(shared_model("draft"), config, config.draft_ms / 1e3, ring.clock, ring.dilation)
         self.sequence: list[int] = []
         self.kept: list[int] = []  # slots of the last round's accepted path, for the next TREE plan
         self.generated = 0
@@ -213,7 +216,7 @@ class TreeMode:
     async def round(self) -> None:
         config, clock = self.config, self.ring.clock
         round_start = clock.now()
-        tree, draft_s, draft_real, steps = self.drafter.draft(self.sequence, self.generator(1))
+        tree, draft_s, draft_real, steps = await self.drafter.draft(self.sequence, self.generator(1))
         pos = len(self.sequence) - 1
         plan = np.array([len(self.kept), *self.kept, *tree.parents, *tree.tokens], dtype=np.int32)
 

@@ -11,7 +11,7 @@ DRAFT_KINDS = ("trained", "calibrated")
 TREE_POLICIES = ("best-first", "topk")
 MAX_TREE = 256  # nodes a tree may have (the stages keep this many cache slots beyond the positions)
 BATCHING = ("none", "continuous")
-MAX_STREAMS = 256
+MAX_STREAMS = 1024  # agents.stage.PipelineStage.MAX_STREAMS: the KV caches one stage keeps
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,138 @@
+"""How an agent opens and reads its links: TCP on the box, or in-memory streams on simulated time (the seam).
+
+An agent never knows how it is shaped; it only listens, dials the addresses the shaper handed it, and reads
+frames. Every backend but one gives it `TCP`; the virtual backend (netem.virtual) gives every agent of a run one
+`MemoryNetwork`, where an address is ("virtual", port) and a connection is a `trio.testing.memory_stream_pair`.
+
+    transport = MemoryNetwork()
+    listener, port = await transport.listen("virtual")    # a trio.abc.Listener: trio.serve_listeners serves it
+    stream = await transport.connect(("virtual", port))   # a trio.abc.Stream, its peer accepted by the listener
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+from dataclasses import dataclass
+import math
+import os
+import socket
+from typing import Awaitable, Callable
+
+import trio
+import trio.testing
+
+from testbed.core import clock as clock_module
+from testbed.core.records import Address
+
+VIRTUAL_HOST = "virtual"  # the host part of every address on a MemoryNetwork
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One upstream connection: `receive(max_bytes)` its bytes, `observe(arrival)` after each frame that came at
+    the lap's period, `close()` at the end (agents.ring reads frames from it)."""
+
+    receive: Callable[[int], Awaitable[bytes]]
+    observe: Callable[[float], None] = lambda arrival: None
+    close: Callable[[], None] = lambda: None
+
+
+class Transport(abc.ABC):
+    """Listeners, connections and readers for one agent (TCP) or for every agent of a run (memory)."""
+
+    @abc.abstractmethod
+    async def listen(self, host: str) -> tuple[trio.abc.Listener, int]:
+        """A listener on `host` at a port of the transport's choosing, and that port."""
+
+    @abc.abstractmethod
+    async def connect(self, address: Address) -> trio.abc.Stream:
+        """A stream to `address`; OSError when nothing listens there (the caller retries)."""
+
+    def inbound(self, stream: trio.abc.ReceiveStream) -> Inbound:
+        """How to read `stream`."""
+        return Inbound(stream.receive_some)
+
+
+class TcpTransport(Transport):
+    """Real sockets: TCP_NODELAY, and a reader that polls around the predicted arrival (clock.ArrivalPredictor)."""
+
+    async def listen(self, host: str) -> tuple[trio.abc.Listener, int]:
+        listeners = await trio.open_tcp_listeners(0, host=host)
+        for extra in listeners[1:]:
+            await extra.aclose()
+        return listeners[0], listeners[0].socket.getsockname()[1]
+
+    async def connect(self, address: Address) -> trio.abc.Stream:
+        stream = await trio.open_tcp_stream(*address)
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
+        return stream
+
+    def inbound(self, stream: trio.abc.ReceiveStream) -> Inbound:
+        # Frames come at the lap's regular period, so the reader polls around the predicted arrival rather than
+        # sleeping through it (a process woken from a sleep pays 0.5-1 ms here: testbed.core.clock).
+        assert isinstance(stream, trio.SocketStream)
+        raw = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        raw.setblocking(False)
+        predictor = clock_module.ArrivalPredictor()
+
+        async def receive(max_bytes: int) -> bytes:
+            return await clock_module.receive_polling(stream, raw.recv, predictor, max_bytes)
+
+        return Inbound(receive, predictor.observe, raw.close)
+
+
+TCP = TcpTransport()
+
+
+class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
+    """One listening port of a MemoryNetwork: connections wait in a channel until accepted (a fake of a real
+    Listener, passed to trio.serve_listeners as is)."""
+
+    def __init__(self, network: "MemoryNetwork", port: int) -> None:
+        self._network, self.port = network, port
+        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](math.inf)
+
+    def offer(self, stream: trio.abc.Stream) -> None:
+        self._send.send_nowait(stream)
+
+    async def accept(self) -> trio.abc.Stream:
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+            raise trio.ClosedResourceError("listener closed") from exc
+
+    async def aclose(self) -> None:
+        self._network.ports.pop(self.port, None)
+        await self._send.aclose()
+        await self._receive.aclose()
+        await trio.lowlevel.checkpoint()
+
+
+class MemoryNetwork(Transport):
+    """Every listener and connection of one virtual run, in memory: nothing in between but what the shaper puts."""
+
+    def __init__(self) -> None:
+        self.ports: dict[int, MemoryListener] = {}
+        self._next_port = 1
+
+    async def listen(self, host: str = VIRTUAL_HOST) -> tuple[trio.abc.Listener, int]:
+        port, self._next_port = self._next_port, self._next_port + 1
+        listener = self.ports[port] = MemoryListener(self, port)
+        await trio.lowlevel.checkpoint()
+        return listener, port
+
+    async def connect(self, address: Address) -> trio.abc.Stream:
+        host, port = address
+        await trio.lowlevel.checkpoint()
+        if host != VIRTUAL_HOST or (listener := self.ports.get(int(port))) is None:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens at {host}:{port} on the virtual network")
+        ours, theirs = trio.testing.memory_stream_pair()
+        listener.offer(theirs)
+        return ours
+
+
+async def serve(transport: Transport, handler: Callable[[trio.abc.Stream], Awaitable[None]],
+                listener: trio.abc.Listener, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `listener`'s connections with `handler` (trio.serve_listeners, for either transport)."""
+    await trio.serve_listeners(handler, [listener], task_status=task_status)
