@@ -40,7 +40,10 @@ def test_egress_shaped_hosts_run_the_ring(hosts, tmp_path):
     assert len(facts["applied"]) == 1 and f"{hosts.address(1)}:" in facts["applied"][0], facts["applied"]
     for hop, link in zip(facts["hops"], load("geo-ring", overrides=["scale=0.1"]).ring):
         assert hop["min_ms"] >= link.delay_ms - hop["bound_ms"], hop  # the netem delay is there
-        assert hop["p50_ms"] <= link.delay_ms + UML_HOP_BUDGET_MS, hop
+        # and no more than it: held by the hop's fastest lap, not its median. Across hosts inside UML the median of
+        # 11 laps rides on the guest's wake-ups (seen: 0->1 p50 +5.1 ms, min +0.7 ms in one run, the next within
+        # budget); the fastest lap is the delay netem applied plus the path, which a wrong delay would move.
+        assert hop["min_ms"] <= link.delay_ms + UML_HOP_BUDGET_MS, hop
 
 
 def test_a_killed_egress_node_leaves_no_qdisc(hosts, tmp_path):
