@@ -29,13 +29,12 @@ import trio
 
 from agents.ring import RingClient
 from agents.stage import PipelineStage, StagePlan
-from testbed.core.transport import TCP, Transport
-from testbed.core.transport import serve as serve_links
-from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.channel import LineReader, encode_line
+from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
 from testbed.core.records import JsonRecord
+from testbed.core.transport import TCP, Transport
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,18 @@ def log(spec: AgentSpec, message: str) -> None:
     print(f"[agent {spec.stage} {spec.name}] {message}", file=sys.stderr, flush=True)
 
 
+def report_fatal(exc: BaseException, control: Control, say: Callable[[str], None]) -> bool:
+    """An agent's end by `exc`: when every leaf is the testbed's own error, say it and send the "error" event
+    (True); anything else is not ours to word (False: the caller lets its traceback out)."""
+    leaves = leaf_errors(exc)
+    if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
+        return False
+    message = "; ".join(f"{type(e).__name__}: {e}" for e in leaves)
+    say(f"fatal: {message}")
+    control.send("error", {"message": message})
+    return True
+
+
 async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.ReceiveStream, *,
                      transport: Transport = TCP, clock: Clock = MONOTONIC,
                      say: Callable[[str], None] | None = None) -> None:
@@ -131,7 +142,7 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
 
     async with trio.open_nursery() as nursery:
         commands = LineReader(commands)
-        await nursery.start(serve_links, transport, ring.serve_connection, listener)
+        await nursery.start(trio.serve_listeners, ring.serve_connection, [listener])
         while True:
             command = await commands.receive_json()
             if command is None:
@@ -196,12 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(agent_main, spec, control, trio.lowlevel.FdStream(os.dup(0)))
     except BaseException as exc:  # noqa: BLE001 - our own errors are reported, anything else re-raised
-        leaves = leaf_errors(exc)
-        if not all(isinstance(e, TestbedError) for e in leaves):
+        if not report_fatal(exc, control, lambda message: log(spec, message)):
             raise
-        message = "; ".join(f"{type(e).__name__}: {e}" for e in leaves)
-        log(spec, f"fatal: {message}")
-        control.send("error", {"message": message})
         return 1
     return 0
 

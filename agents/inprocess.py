@@ -14,10 +14,9 @@ import traceback
 import trio
 import trio.testing
 
-from agents.agent import AgentSpec, Control, agent_main
-from testbed.core.transport import Transport
+from agents.agent import AgentSpec, Control, agent_main, report_fatal
 from testbed.core.clock import Clock
-from testbed.core.errors import TestbedError, leaf_errors
+from testbed.core.transport import Transport
 
 
 class TaskAgent:
@@ -48,12 +47,7 @@ class TaskAgent:
                                      say=self._say)
                     self.returncode = 0
                 except Exception as exc:  # noqa: BLE001 - as agents.agent.main: reported, then an exit status
-                    leaves = leaf_errors(exc)
-                    if all(isinstance(e, TestbedError) for e in leaves):
-                        message = "; ".join(f"{type(e).__name__}: {e}" for e in leaves)
-                        self._say(f"fatal: {message}")
-                        control.send("error", {"message": message})
-                    else:
+                    if not report_fatal(exc, control, self._say):
                         self.stderr.put_data("".join(traceback.format_exception(exc)).encode())
                     self.returncode = 1
         finally:

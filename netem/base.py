@@ -70,6 +70,11 @@ class Shaper(abc.ABC):
     transport = None
     clock: Clock = MONOTONIC
 
+    @property
+    def in_process(self) -> bool:
+        """Agents run as Trio tasks in the launcher, on `transport` and `clock` (a simulated backend)."""
+        return self.transport is not None
+
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:
         self.links = list(links)

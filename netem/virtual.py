@@ -21,11 +21,11 @@ import contextlib
 
 import trio
 
-from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork
 from netem.base import Shaper, ShaperOptions
 from netem.userspace import TRIO_CLOCK, LinkTiming, describe_timing, relay
 from testbed.core.clock import TRIO
 from testbed.core.records import Address, LinkSpec
+from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork
 
 # What a virtual run means, as the JSON summary says it (shaper_facts.virtual).
 MEANING = {
@@ -49,7 +49,7 @@ class VirtualShaper(Shaper):
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:
         super().__init__(links, n_stages, run_id, options)
-        self.reason = self.reason or "virtual: requested (--shaper virtual); simulated time, exact"
+        self.reason = self.reason or "virtual backend requested"  # netem.select says why, as for the others
         self.transport = MemoryNetwork()  # agents listen and dial here (testbed.core.transport)
         self.clock = TRIO
         self._timings: list[LinkTiming] = []

@@ -77,7 +77,7 @@ class Launcher:
         self.listen: dict[int, tuple[str, int]] = {}  # each agent's listener, once known
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
         self.clock = shaper.clock  # the box's, or simulated time (netem.virtual)
-        if shaper.transport is not None:  # simulated: the run log's readers (another thread) see its last moment
+        if shaper.in_process:  # simulated: the run log's readers (another thread) see its last moment
             self._seen_s = 0.0
             runlog.now = lambda: self._seen_s
 
@@ -105,7 +105,7 @@ class Launcher:
     async def _spawn(self, nursery: trio.Nursery, spec: AgentSpec) -> tuple[trio.Process, trio.abc.ReceiveStream]:
         """Start agent `spec`: (its process, its control stream). On a simulated backend the "process" is a Trio
         task in this one (agents.inprocess.TaskAgent), on the shaper's transport and clock."""
-        if self.shaper.transport is not None:
+        if self.shaper.in_process:
             from agents.inprocess import TaskAgent
 
             agent = TaskAgent(spec, self.shaper.transport, self.shaper.clock)
@@ -233,17 +233,22 @@ class Launcher:
         On a simulated backend (netem.virtual) the run happens on its own simulated clock (testbed.core.virtual_time),
         in a worker thread: the caller's dashboard and exporter read the run log in real time meanwhile.
         """
-        from agents.train import ensure_trained
-
-        # Train once here (only if the recipe changed since the weights were shipped), not in every agent at once.
-        await trio.to_thread.run_sync(ensure_trained)
-        if self.shaper.transport is not None:
+        await self._train_once()
+        if self.shaper.in_process:
             from testbed.core import virtual_time
 
             await virtual_time.run(self._run)
         else:
             await self._run()
         return summarize(self.runlog)
+
+    @staticmethod
+    async def _train_once() -> None:
+        """Train here (only if the recipe changed since the weights were shipped), not in every agent at once; in
+        real time, before a simulated run starts (a thread's wait would let the simulated clock jump)."""
+        from agents.train import ensure_trained
+
+        await trio.to_thread.run_sync(ensure_trained)
 
     async def _run(self) -> None:
         from agents.train import MODEL_CONFIGS

@@ -76,6 +76,7 @@ class NodeLauncher(Launcher):
 
     async def run(self) -> RunSummary | None:
         try:
+            await self._train_once()
             await self._run()
         except BaseException as exc:
             with trio.CancelScope(shield=True):

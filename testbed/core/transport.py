@@ -130,9 +130,3 @@ class MemoryNetwork(Transport):
         ours, theirs = trio.testing.memory_stream_pair()
         listener.offer(theirs)
         return ours
-
-
-async def serve(transport: Transport, handler: Callable[[trio.abc.Stream], Awaitable[None]],
-                listener: trio.abc.Listener, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `listener`'s connections with `handler` (trio.serve_listeners, for either transport)."""
-    await trio.serve_listeners(handler, [listener], task_status=task_status)
