@@ -33,7 +33,7 @@ from testbed.core.channel import LineReader, encode_line
 from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig, resolve
 from testbed.core.errors import TestbedError, leaf_errors
-from testbed.core.records import JsonRecord
+from testbed.core.records import LAP_TIMEOUT_S, JsonRecord
 from testbed.core.transport import TCP, Transport
 
 
@@ -61,7 +61,7 @@ class AgentSpec(JsonRecord):
     head_on_last: bool = False  # placement.head = "last": this last stage also samples and returns the token id
     tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
     spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
-    lap_timeout_s: float = 120.0  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
+    lap_timeout_s: float = LAP_TIMEOUT_S  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
     every_agent: bool = False  # the mode's ModeInfo.every_agent (read by the launcher: a test may register a mode)
     tree_slots: int = 0  # cache slots beyond the positions, for a token tree's nodes (the launcher, from ModeInfo)
 

@@ -17,11 +17,10 @@ from testbed.core.clock import Clock
 from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
 from testbed.core.transport import TCP, Transport
-from testbed.core.records import Address, HeadTiming, LapRecord, Stamp
+from testbed.core.records import LAP_TIMEOUT_S, Address, HeadTiming, LapRecord, Stamp
 
 CONNECT_TIMEOUT_S = 30.0
 CONNECT_RETRY_S = 0.05
-LAP_TIMEOUT_S = 120.0  # a lap slower than this means a peer is gone (the slowest ring + RTOs is far below)
 PROBE_LAPS = 5
 SHUTDOWN_GRACE_S = 5.0
 INBOX_FRAMES = 16  # plus one per stream in flight

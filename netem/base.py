@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.errors import ShapingError
-from testbed.core.records import Address, LinkSpec
+from testbed.core.records import LOSS_RTO_MS, Address, LinkSpec
 
-DEFAULT_LOSS_RTO_MS = 200.0  # Linux's minimum TCP retransmission timeout (TCP_RTO_MIN)
+DEFAULT_LOSS_RTO_MS = LOSS_RTO_MS  # testbed.core.records: Linux's minimum TCP retransmission timeout
 
 
 @dataclass(frozen=True)

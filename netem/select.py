@@ -13,15 +13,13 @@ missing piece. The userspace backend is imported lazily (it needs nothing the pr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from netem.base import Shaper, ShaperOptions
 from netem.probe import Capabilities, probe
 from testbed.core.errors import ShapingError
 from testbed.core.records import LinkSpec
-
-KINDS = ("auto", "netem", "userspace", "virtual")  # "auto" never picks "virtual": it is asked for
-
 
 def _missing_reason(caps: Capabilities) -> str:
     if not caps.has_cap_net_admin:
@@ -61,26 +59,54 @@ def _virtual(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, opt
     return shaper
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One shaping backend: how it is built, why when asked for by name, and what it needs of this box."""
+
+    name: str
+    build: Callable[[list[LinkSpec], int, str, str, ShaperOptions], Shaper]  # (links, n, run_id, reason, options)
+    requested: str  # the reason a run gives when --shaper names it
+    missing: Callable[[Capabilities], str | None] | None = None  # None: runs anywhere; else why not here (or None)
+
+
+def _netem_missing(caps: Capabilities) -> str | None:
+    if caps.netem_ready:
+        return None
+    return (f"--shaper netem cannot work here: {_missing_reason(caps)}; run as root on a kernel with sch_netem, "
+            "inside user-mode-linux (python -m netem.uml -- ...), or use --shaper userspace")
+
+
+# A new backend is one module plus one line here; the CLI, faults and bench read the choices from it.
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (
+    Backend("netem", _kernel, "netem: requested (--shaper netem); root, netns, veth and sch_netem available",
+            _netem_missing),
+    Backend("userspace", _userspace, "userspace: requested (--shaper userspace)"),
+    Backend("virtual", _virtual, "virtual: requested (--shaper virtual); simulated time, exact"),
+)}
+
+
+def kinds() -> tuple[str, ...]:
+    """What --shaper takes: "auto" (netem where the kernel has it, else userspace; never virtual) and every backend."""
+    return ("auto", *BACKENDS)
+
+
+KINDS = kinds()  # the built-in choices (a backend registered later is in kinds(), not here)
+
+
 def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, *,
                   options: ShaperOptions | None = None,
                   probe_fn: Callable[[], Capabilities] = probe) -> Shaper:
-    """The backend for `kind` in KINDS, built with `options`, with `.reason` saying which one and why."""
+    """The backend for `kind` (one of kinds()), built with `options`, with `.reason` saying which one and why."""
     options = ShaperOptions() if options is None else options
-    if kind not in KINDS:
-        raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(KINDS)}")
-    if kind == "userspace":
-        return _userspace(links, n_stages, run_id, "userspace: requested (--shaper userspace)", options)
-    if kind == "virtual":
-        return _virtual(links, n_stages, run_id, "virtual: requested (--shaper virtual); simulated time, exact",
-                        options)
+    if kind not in kinds():
+        raise ShapingError(f"unknown shaper {kind!r}; valid kinds: {', '.join(kinds())}")
+    if kind != "auto":
+        backend = BACKENDS[kind]
+        why_not = backend.missing(probe_fn()) if backend.missing is not None else None
+        if why_not:
+            raise ShapingError(why_not)
+        return backend.build(links, n_stages, run_id, backend.requested, options)
     caps = probe_fn()
-    if kind == "netem":
-        if not caps.netem_ready:
-            raise ShapingError(f"--shaper netem cannot work here: {_missing_reason(caps)}; "
-                               "run as root on a kernel with sch_netem, inside user-mode-linux "
-                               "(python -m netem.uml -- ...), or use --shaper userspace")
-        return _kernel(links, n_stages, run_id, "netem: requested (--shaper netem); root, netns, veth and "
-                                                "sch_netem available", options)
     if caps.netem_ready:
         return _kernel(links, n_stages, run_id, "netem: auto; root, netns, veth and sch_netem available", options)
     return _userspace(links, n_stages, run_id, f"netem: {_missing_reason(caps)}; using userspace relay", options)

@@ -37,7 +37,7 @@ from netem.base import DEFAULT_LOSS_RTO_MS, Shaper, ShaperOptions
 from testbed.core import clock
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.errors import ShapingError
-from testbed.core.records import Address, LinkSpec
+from testbed.core.records import Address, LinkSpec, mbit_to_bytes_s
 
 RELAY_CHUNK = 256 * 1024
 QUEUE_CHUNKS = 1024  # chunks in flight per link before the relay stops reading (TCP backpressure)
@@ -73,7 +73,7 @@ class LinkTiming:
 
     @classmethod
     def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS, events: tuple[dict, ...] = ()) -> "LinkTiming":
-        rate = link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf
+        rate = link.rate_bytes_s
         return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed,
                    events)
 
@@ -92,7 +92,7 @@ class LinkTiming:
             if event.get("loss_pct") is not None:
                 self.loss = event["loss_pct"] / 100
             if event.get("rate_mbit") is not None:
-                self.rate_bytes_s = event["rate_mbit"] * 1e6 / 8 if event["rate_mbit"] > 0 else math.inf
+                self.rate_bytes_s = mbit_to_bytes_s(event["rate_mbit"])
 
     def deadline(self, arrival: float, n_bytes: int) -> float:
         self._apply(arrival)

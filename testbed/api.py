@@ -1,11 +1,16 @@
-"""The Python API for scripts and notebooks: run a scenario or a K sweep and get RunSummary objects back.
+"""The Python API for scripts and notebooks: run a scenario, a K sweep or any study and get its result back.
 
     import testbed
     summary = testbed.run("geo-ring", shaper="userspace", tokens=16, **{"decode.mode": "speculative"})
     print(summary.measured_tok_s, summary.predicted_tok_s, summary.spec.gamma_measured)
     rows = testbed.sweep("geo-ring", ks=[2, 4, 8], alpha=0.8, rounds=20, scale=0.5).spec.per_k
 
-Overrides are scenario keys (dots allowed, as with `--set`); the CLI is a thin layer over these functions.
+    result = testbed.faults("geo-ring", shaper="virtual", jitters=[0, 5], losses=[0, 1])  # every study, by name
+    print(result[0].fault_rows[1].lap_ms, result[0].fault_rows[1].predicted_ms)
+
+A study takes its command's options as keywords (`--hop-scale 0.5,1` is hop_scale=[0.5, 1]); its result is what
+the command writes as JSON (testbed.studies.STUDIES lists them). Overrides are scenario keys (dots allowed, as with
+`--set`); the CLI is a thin layer over these functions.
 """
 
 from __future__ import annotations
@@ -13,42 +18,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import trio
+from rich.console import Console
 
-from testbed.config import Scenario, load_scenario
+from testbed.config import Scenario
 from testbed.core.summary import RunSummary
-
-
-def scenario(name_or_path: str | Scenario, *, tokens: int | None = None, overrides: list[str] | None = None,
-             **keys: Any) -> Scenario:
-    """A Scenario from a built-in name or TOML path, with `--set`-style overrides and keyword overrides."""
-    if isinstance(name_or_path, Scenario):
-        if overrides or keys or tokens is not None:
-            raise TypeError("overrides apply to a scenario name or path, not to a built Scenario")
-        return name_or_path
-    items = list(overrides or [])
-    items += [f"{key}={_toml(value)}" for key, value in keys.items()]
-    if tokens is not None:
-        items.append(f"decode.tokens={tokens}")
-    return load_scenario(name_or_path, items)
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
-
-
-def ensure_models(notify: Callable[[str], None] | None = None) -> dict:
-    """Make sure the tiny models exist (trained on first use unless shipped); returns their metadata."""
-    from agents.train import ensure_trained, needs_training
-
-    if notify is not None and needs_training():
-        notify("The model recipe differs from the shipped weights: training the tiny models (once)...")
-    return ensure_trained()
+from testbed.studies.base import ensure_models, make_scenario as scenario
+from testbed.studies.sweep.measure import sweep_scenario
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
@@ -63,18 +38,25 @@ def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | Non
                                          compensate=compensate))
 
 
-def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float | None = None, rounds: int = 30,
-                   overrides: list[str] | None = None, **keys: Any) -> Scenario:
-    """The scenario of one K sweep: speculative, every K for `rounds` rounds, calibrated at `alpha` if given."""
-    items = list(overrides or []) + ["decode.mode=speculative", f"decode.k_sweep={list(ks)}",
-                                     f"decode.rounds_per_k={rounds}", f"decode.k_max={max(ks)}"]
-    if alpha is not None:
-        items += ["decode.draft=calibrated", f"decode.alpha={alpha}"]
-    return scenario(name_or_path, overrides=items, **keys)
-
-
 def sweep(name_or_path: str, ks: list[int], *, alpha: float | None = None, rounds: int = 30, shaper: str = "auto",
           overrides: list[str] | None = None, dilation: float | str = "auto", **keys: Any) -> RunSummary:
     """One speculative K sweep (one run); `summary.spec.per_k` has measured vs predicted per K."""
     return run(sweep_scenario(name_or_path, ks, alpha=alpha, rounds=rounds, overrides=overrides, **keys), shaper,
                dilation=dilation)
+
+
+def study(name: str, scenario_name: str | None = None, *, console: Console | None = None, **options: Any) -> Any:
+    """Run the study `name` (a key of testbed.studies.STUDIES) with its command's options as keywords; returns its
+    result (nothing printed unless a console is given). An unknown study or option is a TypeError naming it."""
+    from testbed.studies import STUDIES
+
+    if name not in STUDIES:
+        raise TypeError(f"no study {name!r}; expected one of {', '.join(STUDIES)}")
+    chosen = STUDIES[name]
+    args = chosen.parser().parse_args([scenario_name] if chosen.scenario and scenario_name is not None else [])
+    for key, value in options.items():
+        if not hasattr(args, key):
+            known = ", ".join(sorted(k for k in vars(args) if k != "scenario"))
+            raise TypeError(f"{name}() got an unexpected option {key!r}; expected one of {known}")
+        setattr(args, key, ",".join(str(v) for v in value) if isinstance(value, list | tuple) else value)
+    return chosen.run(args, console or Console(quiet=True))

@@ -1,4 +1,5 @@
-"""Command line: python -m testbed {run,plan,bench,sweep,regimes,place,codecs,tp,dsd,faults,report,clean,scenarios}; a thin layer over testbed.api."""
+"""Command line: python -m testbed {run,plan,<every study of testbed.studies.STUDIES>,report,clean,scenarios}; a thin
+layer over testbed.api."""
 
 from __future__ import annotations
 
@@ -10,48 +11,16 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.markup import escape
 
-from netem.select import KINDS as SHAPER_KINDS
 from testbed import api
 from testbed.config import Scenario, builtin_names, load_scenario
 from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
-from testbed.dilation import parse_dilation
+from testbed.studies import STUDIES
+from testbed.studies.base import add_run_options
+from testbed.report.build import main as report_main
 
 DEFAULT_METRICS_PORT = 9464
-
-
-def dilation_arg(text: str) -> float | str:
-    try:
-        return parse_dilation(text)
-    except ConfigError as exc:  # argparse reports it as a usage error (exit 2) naming the option
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dilation: ")) from exc
-
-
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", help=f"built-in name ({', '.join(builtin_names())}) or a TOML file")
-    parser.add_argument("--shaper", choices=SHAPER_KINDS, default="auto",
-                        help="network shaping backend (default: auto = netem where the kernel has it; virtual = "
-                             "every agent on simulated time in this process, exact)")
-    parser.add_argument("--tokens", type=int, help="tokens to generate (overrides decode.tokens)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a scenario key, e.g. --set decode.k=auto --set network.hops_ms=[5,5,5]")
-    parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
-                        help="run every delay and compute D times slower, report in the scenario's time (default "
-                             "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
-                             "lap, within a run-time budget; 1 = off)")
-    parser.add_argument("--compensate", action="store_true",
-                        help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return values
 
 
 def scenario_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Scenario:
@@ -222,84 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(plan)
     plan.set_defaults(func=cmd_plan)
 
-    bench = sub.add_parser("bench", help="print relay precision, per-hop overhead and Table 2 fidelity")
-    bench.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
-    bench.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
-    bench.add_argument("--json", help="write the figures here")
-    bench.set_defaults(func=lambda a, c: __import__("testbed.bench", fromlist=["main"]).main(a, c))
-
-    sweep = sub.add_parser("sweep", help="speculative K sweep: measured vs predicted rate per K, and K*")
-    add_run_options(sweep)
-    sweep.add_argument("--k", default="1..16", help="K values: 1..24 or 2,4,8")
-    sweep.add_argument("--alpha", help="calibrated-draft acceptance rates to sweep, e.g. 0.6,0.7,0.8,0.9")
-    sweep.add_argument("--rounds", type=int, default=30, help="rounds at each K (default 30)")
-    sweep.add_argument("--json", help="write all results here")
-    sweep.add_argument("--tree-n", metavar="N,N,...", help="tree speculation instead: nodes per round to sweep, e.g. "
-                                                           "1,4,16,64,256 (writes results/tree-SCENARIO.json)")
-    sweep.add_argument("--rates", default="0,10", help="--tree-n: link rates in Mbit/s (default 0,10; 0 = unlimited)")
-    sweep.add_argument("--codecs", default="f32", help="--tree-n: wire codecs, e.g. f32,int8-block (default f32)")
-    sweep.add_argument("--tree-k", type=int, default=8, help="--tree-n: candidates per node (default 8)")
-    sweep.set_defaults(func=lambda a, c: __import__("testbed.sweep", fromlist=["main"]).main(a, c))
-
-    regimes = sub.add_parser("regimes", help="seed 000's regime map on one ring: TTFT vs prompt and link rate, "
-                                             "aggregate and per-stream rate vs streams in flight, decode, speculation")
-    add_run_options(regimes)
-    regimes.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative (default all)")
-    regimes.add_argument("--streams", type=int_list, metavar="M,M,...",
-                         help="stream counts to measure (default 1, 2, N, 2N, 4N and twice the knee)")
-    regimes.add_argument("--json", help="write the result here (default results/regimes-SCENARIO.json)")
-    regimes.set_defaults(func=lambda a, c: __import__("testbed.regimes", fromlist=["main"]).main(a, c))
-
-    place = sub.add_parser("place", help="ring orders of a scenario's regions: best and worst T_ring and rate; "
-                                         "--measure runs both")
-    add_run_options(place)
-    place.add_argument("--measure", action="store_true", help="run the best and the worst order")
-    place.add_argument("--head-region", metavar="REGION",
-                       help="also the best order with the LM head on its own agent in REGION (placement.head)")
-    place.add_argument("--json", help="write the placements here (testbed report draws them)")
-    place.set_defaults(func=lambda a, c: __import__("testbed.place", fromlist=["main"]).main(a, c))
-
-    codecs = sub.add_parser("codecs", help="wire codecs (f32, f16, int8-block): bytes, encode/decode time, greedy "
-                                           "agreement, KL and acceptance rate; --measure: TTFT on the ring per codec")
-    add_run_options(codecs)
-    codecs.add_argument("--measure", action="store_true", help="also run the ring once per codec (TTFT at 10 Mbit/s)")
-    codecs.add_argument("--json", help="write the rows here")
-    codecs.set_defaults(func=lambda a, c: __import__("testbed.codecs", fromlist=["main"]).main(a, c))
-
-    tp = sub.add_parser("tp", help="pipeline vs tensor parallelism on the same links: per-token latency measured vs "
-                                   "predicted, the TP/PP ratio next to Eq. 8's 4L/N")
-    add_run_options(tp)
-    tp.add_argument("--allreduce", choices=("ring", "all-to-all"), default="ring", help="TP's all-reduce (default ring)")
-    tp.add_argument("--hop-scale", default="1", metavar="F,F,...",
-                    help="run at these multiples of every link's delay (default 1), e.g. 0.25,0.5,1")
-    tp.add_argument("--json", help="write the result here (default results/tp-SCENARIO.json)")
-    tp.set_defaults(func=lambda a, c: __import__("testbed.parallel", fromlist=["main"]).main(a, c), dilation=1.0)
-
-    dsd = sub.add_parser("dsd", help="speculation at a distance: co-located SD, synchronous and pipelined edge drafts "
-                                     "and cloud AR across the edge RTT, the crossover, and server capacity")
-    add_run_options(dsd)
-    dsd.add_argument("--rtts", default=",".join(f"{r:g}" for r in (5, 10, 20, 50, 100, 200)),
-                     help="edge round trips in ms (default 5,10,20,50,100,200)")
-    dsd.add_argument("--clients", default="1,2,4,8", help="edge clients for the capacity table (default 1,2,4,8)")
-    dsd.add_argument("--jitters", default="0,5,20", help="edge-link jitter (ms, of the round trip) at the largest RTT, "
-                                                          "the referee's question (default 0,5,20)")
-    dsd.add_argument("--target-rate", type=float, help="per-client tok/s for the clients-sustained figure "
-                                                         "(default: half the co-located server's rate)")
-    dsd.add_argument("--json", help="write the result here (default results/dsd-SCENARIO.json)")
-    dsd.set_defaults(func=lambda a, c: __import__("testbed.edge", fromlist=["main"]).main(a, c), dilation=1.0)
-
-    faults = sub.add_parser("faults", help="jitter and loss on every link: mean and p99 lap measured vs the model, "
-                                           "and the output against the clean run")
-    add_run_options(faults)
-    faults.add_argument("--jitters", default="0,1,5,20", help="jitter per link, ms (default 0,1,5,20)")
-    faults.add_argument("--losses", default="0,0.1,1,5", help="loss per link, %% (default 0,0.1,1,5)")
-    faults.add_argument("--json", help="write the rows here (default results/faults-SCENARIO.json)")
-    faults.add_argument("--shapers", help="backends to run the rows on, e.g. userspace,netem (default: --shaper)")
-    faults.set_defaults(func=lambda a, c: __import__("testbed.faults", fromlist=["main"]).main(a, c), dilation=1.0)
+    for study in STUDIES.values():
+        if study.command:
+            command = study.parser(sub.add_parser(study.name, help=study.help, description=study.help))
+            command.set_defaults(func=study.main)
 
     report = sub.add_parser("report", help="PNG figures and a markdown table from JSON summaries")
     report.add_argument("rest", nargs=argparse.REMAINDER)
-    report.set_defaults(func=lambda a, c: __import__("testbed.report", fromlist=["main"]).main(a.rest))
+    report.set_defaults(func=lambda a, c: report_main(a.rest))
 
     clean = sub.add_parser("clean", help="remove namespaces/links a killed run left behind (testbed prefix only)")
     clean.add_argument("--prefix", default="gr")

@@ -15,7 +15,7 @@ from testbed.decode_rules import decode_from_dict, parse_k_range  # noqa: F401 -
 from testbed.placement_rules import edge_links, placement_from_dict as _placement, spec_from_dict
 from testbed.placement_rules import tensor_parallel as _tensor_parallel
 from testbed.core.errors import ConfigError
-from testbed.core.records import LinkSpec
+from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
 from testbed.regions import RegionMatrix, parse_regions as _regions
 from testbed.schedule import LinkEvent, parse_schedule
 from testbed.validate import check_keys as _check_keys
@@ -51,7 +51,7 @@ class Scenario:
     stages: tuple[StageConfig, ...]
     links: tuple[LinkSpec, ...]  # every directed link; the ring hops come first, in stage order
     decode: DecodeConfig
-    loss_rto_ms: float = 200.0
+    loss_rto_ms: float = LOSS_RTO_MS
     model: str = "target"
     scale: float = 1.0  # every delay and emulated time above is already multiplied by it
     wire: WireConfig = WireConfig()
@@ -61,7 +61,7 @@ class Scenario:
     tp: TPConfig = TPConfig()
     spec: SpecConfig = SpecConfig()  # where the draft runs; "edge": spec.clients agents after the stages
     schedule: tuple[LinkEvent, ...] = ()  # [[network.schedule]]: links changing over time (testbed.schedule)
-    lap_timeout_s: float = 120.0  # a frame not back within this long means a peer or a link is gone
+    lap_timeout_s: float = LAP_TIMEOUT_S  # a frame not back within this long means a peer or a link is gone
 
     @property
     def n_agents(self) -> int:
@@ -275,7 +275,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     loss = _number(net, "loss_pct", 0.0, source, "network", maximum=100)
     rate = _number(net, "rate_mbit", 0.0, source, "network", maximum=100_000)
     seed = _number(net, "seed", 0, source, "network", integer=True)
-    loss_rto_ms = _number(net, "loss_rto_ms", 200.0, source, "network", minimum=1.0, maximum=60_000) * scale
+    loss_rto_ms = _number(net, "loss_rto_ms", LOSS_RTO_MS, source, "network", minimum=1.0, maximum=60_000) * scale
     links: list[LinkSpec] = []
     for i, delay in enumerate(hops):
         delay = _number({f"hops_ms[{i}]": delay}, f"hops_ms[{i}]", 0, source, "network", maximum=60_000)
@@ -344,7 +344,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
                           "defaults", source=source, key="spec.placement")
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
-    lap_timeout_s = _number(net, "lap_timeout_s", 120.0, source, "network", minimum=0.1, maximum=3600) * scale
+    lap_timeout_s = _number(net, "lap_timeout_s", LAP_TIMEOUT_S, source, "network", minimum=0.1, maximum=3600) * scale
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,

@@ -7,7 +7,7 @@ import numpy as np
 from agents import wire
 from testbed.config import Scenario
 from testbed.core import physics
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, mbit_to_bytes_s
 from testbed.core.summary import DsdSummary
 
 def round_bytes(k: int, vocab: int) -> tuple[int, int]:
@@ -33,8 +33,7 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     from agents.train import MODEL_CONFIGS  # the target's vocabulary: what a PROBS row holds
 
     up, down = round_bytes(k, MODEL_CONFIGS[sc.model].vocab_size)
-    rate = spec.rate_mbit * 1e6 / 8
-    serialization = (up + down) / rate if rate > 0 else 0.0
+    serialization = (up + down) / mbit_to_bytes_s(spec.rate_mbit)  # 0 when the edge link is unlimited
     rtt = spec.rtt_ms / 1e3 + serialization
     predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,
                                           p_hit)

@@ -27,7 +27,6 @@ class RegionMatrix:
         return [self.latency(order[i], order[(i + 1) % len(order)]) for i in range(len(order))] if len(order) > 1 else []
 
 
-
 def parse_regions(table: Any, source: str, scale: float) -> RegionMatrix | None:
     """[regions] names = [...], one_way_ms = [[...], ...] (row = from, column = to; zero diagonal)."""
     if table is None:

@@ -38,7 +38,7 @@ def self_check(log: RunLog) -> tuple[LinkCheck, ...] | None:
 def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
     """The first prompt against C_prefill(P) + T_ring + its serialization (Eq. 5; pipelined over the stages
     when it went in chunks: physics.ttft_pipelined), with the measured compute and configured links."""
-    rates = [link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf for link in sc.ring]
+    rates = [link.rate_bytes_s for link in sc.ring]
     service, xmit = [], 0.0
     for lap in chunks:
         row = []

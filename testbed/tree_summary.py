@@ -13,7 +13,7 @@ from testbed.core.summary import TreeSummary
 
 
 def hop_rates_bytes_s(sc: Scenario) -> list[float]:
-    return [link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else math.inf for link in sc.ring]
+    return [link.rate_bytes_s for link in sc.ring]
 
 
 def summarize_tree(laps: list[LapRecord], sc: Scenario) -> TreeSummary | None:

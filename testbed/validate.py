@@ -1,10 +1,12 @@
-"""Checks of raw TOML values: each error names the source, the key and what was expected (testbed.config uses them)."""
+"""Checks of raw values, TOML tables (testbed.config) and JSON results (the report): each error names the source,
+the key and what was expected."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from testbed.core.errors import ConfigError
@@ -22,15 +24,11 @@ def check_keys(table: dict, allowed: set[str], source: str, where: str) -> None:
 
 
 def number(table: dict, key: str, default: float, source: str, where: str, *, minimum: float = 0.0,
-            maximum: float | None = None, integer: bool = False) -> Any:
+           maximum: float | None = None, integer: bool = False) -> Any:
+    """table[key] (or the default) as a number within [minimum, maximum]: check_number on a TOML table."""
     value = table.get(key, default)
-    full = f"{where}.{key}" if where else key
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-        raise ConfigError(f"expected {kind}, got {value!r}", source=source, key=full)
-    if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):  # nan: in no range
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=full)
+    check_number(value, source, f"{where}.{key}" if where else key, minimum=minimum, maximum=maximum,
+                 integer=integer)
     return int(value) if integer else float(value)
 
 
@@ -53,3 +51,44 @@ def listed(text: str, key: str, what: str, cast: Callable[[str], Any], ok: Calla
     if not values or not all(ok(v) for v in values):
         raise ConfigError(f"expected {what}, got {text!r}", key=key)
     return values
+
+
+def check_number(value: Any, source: str, key: str, *, minimum: float | None = None, maximum: float | None = None,
+                 positive: bool = False, required: bool = True, null: str = "", integer: bool = False) -> None:
+    """The one number check: a finite number (an integer if `integer`) within the bounds given. Null is allowed
+    when not `required`, and refused with `null` as the reason when it is; every error names source and key."""
+    kind = "an integer" if integer else "a number"
+    if value is None:
+        if required:
+            raise ConfigError(f"expected {kind}, got null{f' ({null})' if null else ''}", source=source, key=key)
+        return
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float) or not math.isfinite(value):
+        what = f"an integer{f' >= {minimum:g}' if minimum is not None else ''}" if integer else "a finite number"
+        raise ConfigError(f"expected {what}, got {value!r}", source=source, key=key)
+    if positive and value <= 0:
+        raise ConfigError(f"expected {kind} > 0, got {value!r}", source=source, key=key)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bound = (f"in [{minimum:g}, {maximum:g}]" if minimum is not None and maximum is not None
+                 else f">= {minimum:g}" if minimum is not None else f"<= {maximum:g}")
+        raise ConfigError(f"expected {kind} {bound}, got {value!r}", source=source, key=key)
+
+
+def check_count(value: Any, minimum: int, source: str, key: str, *, required: bool = True) -> None:
+    """An integer >= minimum (check_number with integer=True)."""
+    check_number(value, source, key, minimum=minimum, required=required, integer=True)
+
+
+def check_text(value: Any, source: str, key: str, choices: Sequence[str] = (), *, empty_ok: bool = False) -> None:
+    if choices and value not in choices:
+        raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}", source=source, key=key)
+    if not isinstance(value, str) or not (value or empty_ok):
+        raise ConfigError(f"expected a{'' if empty_ok else ' non-empty'} string, got {value!r}", source=source,
+                          key=key)
+
+
+def record_from(cls: type, data: dict, source: str, what: str) -> Any:
+    """A JSON object as the record `cls` (its from_dict), or a ConfigError "not WHAT: ..." naming the source."""
+    try:
+        return cls.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"not {what}: {exc}", source=source) from exc

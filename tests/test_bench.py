@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from testbed.bench import VARIANTS, VARIANTS_BY_SHAPER, RingResult, fidelity_figures, fidelity_table
+from testbed.studies.bench.measure import VARIANTS, VARIANTS_BY_SHAPER, RingResult, fidelity_figures, fidelity_table
 from testbed.core.summary import DilationSummary, RunSummary
 
 PLAIN = RunSummary.from_json((Path(__file__).parent / "data" / "summary-plain.json").read_text())

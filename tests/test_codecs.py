@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents import wire
-from testbed.codecs import COMPARED, label, quality
+from testbed.studies.codecs.measure import COMPARED, label, quality
 from testbed.config import load_scenario, scenario_from_dict
 from testbed.core.decode import WireConfig
 from testbed.core.errors import ConfigError, WireError

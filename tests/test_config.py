@@ -63,7 +63,7 @@ delay_ms = 9
 
 
 @pytest.mark.parametrize("edit, key, expected", [
-    (("compute_ms = 2", "compute_ms = -1"), "stages[0].compute_ms", "in [0.0, 60000]"),
+    (("compute_ms = 2", "compute_ms = -1"), "stages[0].compute_ms", "in [0, 60000]"),
     (("hops_ms = [3, 4]", "hops_ms = [3, -4]"), "network.hops_ms[1]", "got -4"),
     (("hops_ms = [3, 4]", "hops_ms = [3]"), "network.hops_ms", "expected 2 ring hop delays"),
     (("tokens = 5", "tokens = 0"), "decode.tokens", "in [1, 100000]"),
@@ -71,7 +71,7 @@ delay_ms = 9
     (("[network]", "[netwerk]"), "netwerk", "unknown key"),
     (("tokens = 5", "mode = \"fast\""), "decode.mode", "plain, speculative"),
     (("tokens = 5", "k = \"many\""), "decode.k", "integer"),
-    (("compute_ms = 2", "compute_ms = \"slow\""), "stages[0].compute_ms", "a number"),
+    (("compute_ms = 2", "compute_ms = \"slow\""), "stages[0].compute_ms", "a finite number"),
 ])
 def test_bad_input_names_file_key_and_expectation(tmp_path, edit, key, expected):
     path = write(tmp_path, GOOD.replace(*edit))

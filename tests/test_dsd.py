@@ -13,7 +13,7 @@ from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import Stamp
 from testbed.dsd_summary import round_bytes
-from testbed.edge import DsdRow, autoregressive_request, colocated_request, crossover
+from testbed.studies.dsd.measure import DsdRow, autoregressive_request, colocated_request, crossover
 from tests.ringutil import run
 
 K, T_D, T_V = 4, 0.010, 0.020

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from testbed import api
-from testbed.faults import jitter_lap_s, loss_lap_s, lost_share, with_fault
+from testbed.studies.faults.measure import jitter_lap_s, loss_lap_s, lost_share, with_fault
 from tests.ringutil import EXACT, run
 
 
@@ -86,7 +86,7 @@ def test_the_kernel_tcp_reader_parses_this_namespace():
     count as senders (RTO) or receivers (ATO) by whether their local port listens."""
     import socket
 
-    from testbed.faults import read_namespace_tcp
+    from testbed.studies.faults.measure import read_namespace_tcp
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
@@ -102,7 +102,7 @@ def test_a_netem_table_prices_the_kernels_recovery_next_to_the_relay_model():
 
     from rich.console import Console
 
-    from testbed.faults import FaultRow, FaultsResult, KernelTcp, table
+    from testbed.studies.faults.measure import FaultRow, FaultsResult, KernelTcp, table
 
     clean = FaultRow("loss", 0.0, 20, 31.0, 33.0, 31.0, 31.0, 0.0, True)
     lossy = FaultRow("loss", 5.0, 20, 50.0, 250.0, 34.0, 51.0, 47.0, True, 3.0, 33.0, 19.0, 3.0, 215.0,
@@ -123,7 +123,7 @@ def test_shapers_are_a_checked_list():
     import argparse
 
     from testbed.core.errors import ConfigError
-    from testbed.faults import shapers_of
+    from testbed.studies.faults.measure import shapers_of
 
     assert shapers_of(argparse.Namespace(shaper="auto", shapers="userspace,netem")) == ["userspace", "netem"]
     assert shapers_of(argparse.Namespace(shaper="netem")) == ["netem"]

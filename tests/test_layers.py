@@ -14,11 +14,14 @@ LAYERS = (
     (0, ("testbed.core",)),
     (1, ("agents", "netem")),
     (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.predict",
-         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary", "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
+         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
+         "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
          "testbed.decode_rules", "testbed.schedule", "testbed.collector",
          "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
     (3, ("dashboards",)),
-    (4, ("testbed",)),  # the top: api, cli, bench, sweep, report, parallel, place
+    (4, ("testbed.studies",)),  # a folder per study, and their registry
+    (5, ("testbed.report",)),  # reads every study's report part
+    (6, ("testbed",)),  # the top: api, cli, node
 )
 SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
 
@@ -121,7 +124,8 @@ def test_the_ground_floor_imports_nothing_heavy():
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):
     assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.launcher") \
-        < layer_of("dashboards.live") < layer_of("testbed.cli")
+        < layer_of("dashboards.live") < layer_of("testbed.studies.faults.measure") < layer_of("testbed.report.build") \
+        < layer_of("testbed.cli")
     fake = tmp_path / "m.py"
     fake.write_text("def f():\n    from testbed.launcher import Launcher\n")
     assert imports_of(fake, project_modules()) == {"testbed.launcher"}

@@ -11,7 +11,7 @@ import argparse
 import pytest
 import trio
 
-from testbed.faults import measure
+from testbed.studies.faults.measure import measure
 
 pytestmark = pytest.mark.netem
 

@@ -132,3 +132,28 @@ def test_uml_runs_a_command_and_returns_its_status(tmp_path):
     marker = tmp_path / "seen"
     status = run(["sh", "-c", f"grep -q sch_netem /proc/modules && touch {marker}; exit 3"], timeout_s=120)
     assert status == 3 and marker.exists()
+
+
+def test_a_backend_is_one_line_in_backends_and_every_chooser_sees_it(monkeypatch):
+    from netem import select
+    from netem.virtual import VirtualShaper
+    from testbed import cli
+    from testbed.studies.faults.measure import shapers_of
+
+    def build(links, n_stages, run_id, reason, options):
+        shaper = VirtualShaper(links, n_stages, run_id, options)
+        shaper.reason = reason
+        return shaper
+
+    monkeypatch.setitem(select.BACKENDS, "recording", select.Backend("recording", build, "recording: requested"))
+    probed = []
+    shaper = choose_shaper("recording", LINKS, 2, "abcdef00", probe_fn=lambda: probed.append(1) or ALL)
+    assert isinstance(shaper, VirtualShaper) and shaper.reason == "recording: requested" and not probed
+    assert "recording" in select.kinds() and "recording" not in KINDS  # KINDS: the built-in ones
+    args = cli.build_parser().parse_args(["run", "geo-ring", "--shaper", "recording"])
+    assert args.shaper == "recording"
+    assert shapers_of(type("Args", (), {"shapers": "userspace,recording", "shaper": "auto"})()) == \
+        ["userspace", "recording"]
+    monkeypatch.delitem(select.BACKENDS, "recording")
+    with pytest.raises(ShapingError, match="unknown shaper 'recording'"):
+        choose_shaper("recording", LINKS, 2, "abcdef00", probe_fn=lambda: ALL)

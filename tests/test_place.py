@@ -8,7 +8,7 @@ import pytest
 
 from testbed.config import load_scenario, scenario_from_dict
 from testbed.core.errors import ConfigError
-from testbed.place import PlaceResult, exact_orders, ring_s, reordered, search, two_opt
+from testbed.studies.place.measure import PlaceResult, exact_orders, ring_s, reordered, search, two_opt
 
 # Four regions on a line 0 - 1 - 2 - 3 (10 ms apart): the best ring goes out and back (60 ms), the worst zigzags.
 LINE = {"names": ["a", "b", "c", "d"],

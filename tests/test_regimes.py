@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from testbed.config import load_scenario
-from testbed.regimes import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, knee, plan, stream_counts
+from testbed.studies.regimes.measure import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, knee, plan, stream_counts
 
 SCENARIO = """name = "regimes-test"
 [[stages]]

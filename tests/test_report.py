@@ -13,15 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from testbed import dsd_figures, figures, placement_figures, report, tree_figures
-from testbed.codecs import CodecRow
+from testbed.report import build as report
+from testbed.report import figures
+from testbed.studies.dsd import figures as dsd_figures
+from testbed.studies.place import figures as place_figures
+from testbed.studies.regimes import figures as regime_figures
+from testbed.studies.tp import figures as tp_figures
+from testbed.studies.tree import figures as tree_figures
+from testbed.studies.codecs.measure import CodecRow
 from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
-from testbed.edge import CapacityRow, DsdResult, DsdRow, JitterRow, crossover
-from testbed.parallel import TpResult, TpRow
-from testbed.place import Placement, PlaceResult
-from testbed.tree_sweep import TreeFit, TreeRow, TreeSweep
+from testbed.studies.dsd.measure import CapacityRow, DsdResult, DsdRow, JitterRow, crossover
+from testbed.studies.tp.measure import TpResult, TpRow
+from testbed.studies.place.measure import Placement, PlaceResult
+from testbed.studies.tree.measure import TreeFit, TreeRow, TreeSweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent
@@ -163,7 +169,7 @@ def test_missing_file_and_empty_directory_exit_2(tmp_path, capsys):
 
 def test_module_entry_point_runs_without_traceback(tmp_path):
     bad = write(tmp_path / "broken.json", {"scenario": "geo-ring"})
-    result = subprocess.run([sys.executable, "-m", "testbed.report", str(bad), "--out", str(tmp_path / "o")],
+    result = subprocess.run([sys.executable, "-m", "testbed.report.build", str(bad), "--out", str(tmp_path / "o")],
                             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert result.returncode == 2
     assert "broken.json" in result.stderr and "missing field(s)" in result.stderr and "t_ring_s" in result.stderr
@@ -209,17 +215,17 @@ def test_regimes_and_run_summaries_report_together(tmp_path):
 
 
 def test_regime_series_group_by_batching_and_link_rate():
-    result = report.load_inputs([REGIMES_FILE]).regimes[0].result
-    streams = figures.streams_series([result])
+    result = report.load_inputs([REGIMES_FILE]).of("regimes")[0].result
+    streams = regime_figures.streams_series([result])
     assert list(streams) == ["batching none", "batching continuous"]
     for name, rows in streams.items():
         expected = [r for r in REGIMES_DICT["rows"] if r["regime"] == "streams" and name.endswith(r["batching"])]
         assert [row.streams for row in rows] == [1, 2, 3, 6, 12]
         assert [row.measured for row in rows] == [r["measured"] for r in expected]
-    ttft = figures.ttft_series([result])
+    ttft = regime_figures.ttft_series([result])
     assert list(ttft) == ["W unlimited", "W = 10 Mbit/s"]
     assert all([row.prompt_tokens for row in rows] == [16, 128, 240] for rows in ttft.values())
-    two = figures.streams_series([result, result])
+    two = regime_figures.streams_series([result, result])
     assert list(two) == ["small, batching none", "small, batching continuous"]
     assert len(two["small, batching none"]) == 10
 
@@ -324,9 +330,9 @@ def test_report_from_place_and_tp_results_draws_fig5_fig6_and_tables_every_point
 def test_place_tp_and_run_summaries_in_one_list_report_together(tmp_path):
     both = write(tmp_path / "both.json", [PLACE_DICT, place_result(measured=False).to_dict(), TP_DICT])
     inputs = report.load_inputs([both, PLAIN_FILE])
-    assert [item.source for item in inputs.placements] == [f"{both}[0]", f"{both}[1]"]
-    assert [item.source for item in inputs.tp] == [f"{both}[2]"] and len(inputs.runs) == 1
-    assert inputs.placements[0].result == place_result() and inputs.tp[0].result == tp_result()
+    assert [item.source for item in inputs.of("place")] == [f"{both}[0]", f"{both}[1]"]
+    assert [item.source for item in inputs.of("tp")] == [f"{both}[2]"] and len(inputs.runs) == 1
+    assert inputs.of("place")[0].result == place_result() and inputs.of("tp")[0].result == tp_result()
     out = tmp_path / "out"
     assert report.main([str(both), str(PLAIN_FILE), "--out", str(out)]) == 0
     for name in ("fig1_wall.png", "fig5_placement.png", "fig6_tp.png"):
@@ -341,11 +347,11 @@ def test_no_inputs_is_an_error_and_placement_results_alone_are_enough(tmp_path):
     with pytest.raises(ConfigError, match="no run summaries or results given"):
         report.load_inputs([])
     inputs = report.load_inputs([write(tmp_path / "tp.json", TP_DICT)])
-    assert not inputs.runs and not inputs.regimes and not inputs.placements and len(inputs.tp) == 1
+    assert not inputs.runs and not inputs.of("regimes") and not inputs.of("place") and len(inputs.of("tp")) == 1
 
 
 def group_labels(result: PlaceResult) -> list[list[str]]:
-    return [[p.label for p in group] for group in placement_figures.placement_groups(result)]
+    return [[p.label for p in group] for group in place_figures.placement_groups(result)]
 
 
 def test_a_separate_head_is_drawn_under_the_order_it_derives_from():
@@ -359,7 +365,7 @@ def test_a_separate_head_is_drawn_under_the_order_it_derives_from():
     stray = replace(result.placements[3], order=("entry", "s9", "head"), label="odd, head in eu-west",
                     regions=REGIONS[:3])
     assert group_labels(replace(result, placements=(*result.placements[:3], stray)))[-1] == [stray.label]
-    assert [row.hop_scale for row in placement_figures.tp_series(tp_result())] == [0.25, 0.5, 1.0]
+    assert [row.hop_scale for row in tp_figures.tp_series(tp_result())] == [0.25, 0.5, 1.0]
 
 
 def changed(data: dict, rows: str, index: int, **changes) -> dict:
@@ -444,7 +450,7 @@ def test_report_from_tree_and_codec_results_draws_fig7_and_tables_every_row(tmp_
     assert sorted(path.name for path in out.glob("*.png")) == ["fig7_tree.png"]
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "![fig7_tree](fig7_tree.png)" in markdown
-    assert "0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows, 0 DSD results." in markdown
+    assert "0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows, 0 DSD results, 0 faults results, 0 bench runs." in markdown
     assert markdown.index("## Tree speculation") < markdown.index("## Wire codecs")
     section = markdown.split("## Tree speculation")[1].split("## Wire codecs")[0]
     assert "tree.json: small, best-first policy, T_ring 80.0 ms, shaper userspace." in section
@@ -470,9 +476,9 @@ def test_report_from_tree_and_codec_results_draws_fig7_and_tables_every_row(tmp_
 def test_tree_sweeps_codec_rows_and_run_summaries_in_one_list_report_together(tmp_path):
     mixed = write(tmp_path / "mixed.json", [CODEC_DICTS[0], PLAIN_DICT, TREE_DICT, CODEC_DICTS[3]])
     inputs = report.load_inputs([mixed])
-    assert [item.source for item in inputs.codecs] == [f"{mixed}[0]", f"{mixed}[3]"]
-    assert [item.row for item in inputs.codecs] == [codec_rows()[0], codec_rows()[3]]
-    assert [item.source for item in inputs.trees] == [f"{mixed}[2]"] and inputs.trees[0].result == tree_result()
+    assert [item.source for item in inputs.of("codecs")] == [f"{mixed}[0]", f"{mixed}[3]"]
+    assert [item.row for item in inputs.of("codecs")] == [codec_rows()[0], codec_rows()[3]]
+    assert [item.source for item in inputs.of("tree")] == [f"{mixed}[2]"] and inputs.of("tree")[0].result == tree_result()
     assert [item.source for item in inputs.runs] == [f"{mixed}[1]"]
     out = tmp_path / "out"
     assert report.main([str(mixed), "--out", str(out)]) == 0
@@ -533,7 +539,7 @@ def test_bad_tree_input_exits_2_naming_file_and_field(tmp_path, capsys, content,
 
 
 @pytest.mark.parametrize(("index", "changes", "expected"), [
-    (1, {"greedy_agreement": 1.5}, "greedy_agreement: expected a number <= 1, got 1.5"),
+    (1, {"greedy_agreement": 1.5}, "greedy_agreement: expected a number in [0, 1], got 1.5"),
     (2, {"alpha_hat": "high"}, "alpha_hat: expected a finite number, got 'high'"),
     (2, {"block": 0}, "block: expected an integer >= 1, got 0"),
     (0, {"codec": "zip"}, "codec: expected one of f32, f16, int8-block, got 'zip'"),
@@ -584,7 +590,7 @@ def test_report_from_a_dsd_result_draws_fig8_and_tables_every_row(tmp_path):
     assert_png(out / "fig8_dsd.png")
     assert sorted(path.name for path in out.glob("*.png")) == ["fig8_dsd.png"]
     markdown = (out / "report.md").read_text(encoding="utf-8")
-    assert "![fig8_dsd](fig8_dsd.png)" in markdown and "0 codec rows, 1 DSD results." in markdown
+    assert "![fig8_dsd](fig8_dsd.png)" in markdown and "0 codec rows, 1 DSD results, 0 faults results, 0 bench runs." in markdown
     section = markdown.split("## Speculation at a distance")[1]
     assert "dsd.json: edge-cloud, K = 4, 40 tokens a request, shaper userspace." in section
     table = [line for line in section.splitlines() if line.startswith(f"| {dsd_file} |")]
@@ -615,8 +621,8 @@ def test_a_dsd_result_with_nulls_and_no_capacity_or_jitter_runs_reports_with_oth
                    ar_crossover_predicted_rtt_ms=-12.5, multiplier_measured=None, clients_offloaded=0)
     mixed = write(tmp_path / "mixed.json", [TREE_DICT, bare.to_dict(), DSD_DICT])
     inputs = report.load_inputs([mixed])
-    assert [item.source for item in inputs.dsds] == [f"{mixed}[1]", f"{mixed}[2]"]
-    assert [item.result for item in inputs.dsds] == [bare, result] and len(inputs.trees) == 1
+    assert [item.source for item in inputs.of("dsd")] == [f"{mixed}[1]", f"{mixed}[2]"]
+    assert [item.result for item in inputs.of("dsd")] == [bare, result] and len(inputs.of("tree")) == 1
     out = tmp_path / "out"
     assert report.main([str(mixed), "--out", str(out)]) == 0
     for name in ("fig7_tree.png", "fig8_dsd.png"):
@@ -648,7 +654,7 @@ def test_capacity_series_puts_no_batching_first_each_by_clients_and_fig8_draws_s
 @pytest.mark.parametrize(("content", "expected"), [
     (changed(DSD_DICT, "dsd_rows", 2, sync_ms=0.0), "dsd_rows[2].sync_ms: expected a number > 0, got 0.0"),
     (changed(DSD_DICT, "dsd_rows", 0, rtt_ms=-5.0), "dsd_rows[0].rtt_ms: expected a number >= 0, got -5.0"),
-    (changed(DSD_DICT, "dsd_rows", 1, hit_rate=1.6), "dsd_rows[1].hit_rate: expected a number <= 1.5, got 1.6"),
+    (changed(DSD_DICT, "dsd_rows", 1, hit_rate=1.6), "dsd_rows[1].hit_rate: expected a number in [0, 1.5], got 1.6"),
     (changed(DSD_DICT, "dsd_rows", 3, pipelined_predicted_ms=None),
      "dsd_rows[3].pipelined_predicted_ms: expected a number, got null"),
     (changed(DSD_DICT, "dsd_rows", 4, alpha_hat="high"), "dsd_rows[4].alpha_hat: expected a finite number, got 'high'"),
@@ -656,7 +662,7 @@ def test_capacity_series_puts_no_batching_first_each_by_clients_and_fig8_draws_s
      "not a DSD result: DsdResult.dsd_rows[5]: missing field(s) verify_ms"),
     (changed(DSD_DICT, "capacity", 4, batching="greedy"),
      "capacity[4].batching: expected one of none, continuous, got 'greedy'"),
-    (changed(DSD_DICT, "capacity", 1, server_busy=2.0), "capacity[1].server_busy: expected a number <= 1.5, got 2.0"),
+    (changed(DSD_DICT, "capacity", 1, server_busy=2.0), "capacity[1].server_busy: expected a number in [0, 1.5], got 2.0"),
     (changed(DSD_DICT, "capacity", 0, aggregate_tok_s=-1.0),
      "capacity[0].aggregate_tok_s: expected a number >= 0, got -1.0"),
     (changed(DSD_DICT, "capacity", 2, clients=0), "capacity[2].clients: expected an integer >= 1, got 0"),

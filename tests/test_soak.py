@@ -13,11 +13,11 @@ import trio
 
 from agents import wire
 from agents.train import MODEL_CONFIGS
-from testbed.bench import synthetic_lap_line
+from testbed.studies.bench.launcher import synthetic_lap_line
 from testbed.config import load_scenario
 from testbed.core.records import LapRecord
 from testbed.runlog import LAP_WINDOW, RunLog
-from testbed.soak import (LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, lap_time_drift, soak,
+from testbed.studies.bench.soak import (LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, lap_time_drift, soak,
                           soak_report, warmup_laps)
 from testbed.summarize import summarize
 from tests.fakes import fake_lap, fake_scenario

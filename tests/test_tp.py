@@ -14,7 +14,7 @@ from agents.tp import TPShard, shard_ranges
 from testbed import api
 from testbed.core import physics
 from testbed.core.errors import ConfigError
-from testbed.parallel import scaled_links
+from testbed.studies.tp.measure import scaled_links
 from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, run
 
 
@@ -157,7 +157,7 @@ def test_the_tp_command_writes_pp_and_tp_side_by_side(tmp_path):
     import subprocess
     import sys
 
-    from testbed.parallel import TpResult
+    from testbed.studies.tp.measure import TpResult
 
     out = tmp_path / "tp.json"
     result = subprocess.run([sys.executable, "-m", "testbed", "tp", "geo-ring", "--set", "scale=0.1", "--tokens", "3",

@@ -157,7 +157,7 @@ def test_the_tree_rate_and_the_return_path_on_a_rate_limited_ring():
 def test_the_sweep_fits_l_of_n_and_finds_w_star():
     import math
 
-    from testbed.tree_sweep import TreeRow, fit
+    from testbed.studies.tree.measure import TreeRow, fit
 
     t_ring, rate = 0.060, 10e6 / 8  # three 20 ms hops at 10 Mbit/s
     rows = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import functools
 import json
@@ -94,6 +96,21 @@ class LinkSpec(JsonRecord):
     @property
     def name(self) -> str:
         return f"{self.src}->{self.dst}"
+
+    @property
+    def rate_bytes_s(self) -> float:
+        """The link rate in bytes per second; math.inf when unlimited (rate_mbit = 0)."""
+        return mbit_to_bytes_s(self.rate_mbit)
+
+
+def mbit_to_bytes_s(rate_mbit: float) -> float:
+    """Mbit/s (10^6 bits) -> bytes/s; 0 (unlimited) -> math.inf."""
+    return rate_mbit * 1e6 / 8 if rate_mbit > 0 else math.inf
+
+
+# Defaults of the network, each used by the scenario, the shapers and the agents from here.
+LOSS_RTO_MS = 200.0  # a lost frame arrives this much later: Linux's minimum TCP retransmission timeout (TCP_RTO_MIN)
+LAP_TIMEOUT_S = 120.0  # no frame within this long: a peer or a link is gone (the slowest ring + RTOs is far below)
 
 
 @dataclass(frozen=True)

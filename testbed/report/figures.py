@@ -1,5 +1,4 @@
-"""The report's figures: the wall (seed 000 Figure 1) and r_spec vs K (Figure 2) from RunSummary lists; the
-streams and TTFT regimes from `testbed regimes` results."""
+"""The report's run figures: the wall (seed 000 Figure 1) and r_spec vs K (Figure 2) from RunSummary lists."""
 
 from __future__ import annotations
 
@@ -10,11 +9,7 @@ from typing import Final
 
 from testbed.core.physics import spec_rate, wall_rate
 from testbed.core.summary import RunSummary
-from testbed.regimes import RegimeRow, RegimesResult
-
-FIGURE_DPI: Final = 120
-FIGURE_SIZE_IN: Final = (9, 5.6)
-CURVE_POINTS: Final = 300
+from testbed.studies.style import CURVE_POINTS, FIGURE_DPI, WALL_COLOURS, new_figure
 
 # Runs whose C differ by less than this (relative) share one predicted wall curve.
 COMPUTE_GROUP_REL_TOL: Final = 0.15
@@ -31,7 +26,6 @@ PAPER_ALPHAS: Final = (0.6, 0.7, 0.8, 0.9)
 PAPER_T_MIN_MS: Final = 0.1
 PAPER_T_MAX_MS: Final = 600.0
 
-WALL_COLOURS: Final = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown")
 SPEC_COLOURS: Final = ("tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:cyan")
 
 
@@ -69,15 +63,6 @@ def measured_k_points(summary: RunSummary) -> list[tuple[float, float]]:
     if summary.spec.per_k:
         return [(row.k, row.measured_tok_s) for row in summary.spec.per_k]
     return [(summary.spec.k, summary.measured_tok_s)]
-
-
-def new_figure(size_in: tuple[float, float] = FIGURE_SIZE_IN):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size_in, layout="constrained")
-    FigureCanvasAgg(figure)  # Agg without touching pyplot's global backend
-    return figure
 
 
 def _log_grid(low: float, high: float, n: int = CURVE_POINTS) -> list[float]:
@@ -191,99 +176,4 @@ def plot_spec(summaries: Sequence[RunSummary], path: Path) -> None:
     axes.set_title("Speculation: r_spec = Γ(α, K) / (K c_d + C + T_ring), measured vs predicted")
     axes.grid(True, alpha=0.25)
     axes.legend(loc="upper left", fontsize="x-small")
-    figure.savefig(path, dpi=FIGURE_DPI)
-
-
-def _series_name(result: RegimesResult, what: str, several: bool) -> str:
-    return f"{result.scenario}, {what}" if several else what
-
-
-def streams_series(results: Sequence[RegimesResult]) -> dict[str, list[RegimeRow]]:
-    """The streams rows per batching policy (and scenario, when several maps are drawn), sorted by M."""
-    series: dict[str, list[RegimeRow]] = {}
-    for result in results:
-        for row in result.rows:
-            if row.regime == "streams":
-                name = _series_name(result, f"batching {row.batching}", len(results) > 1)
-                series.setdefault(name, []).append(row)
-    return {name: sorted(rows, key=lambda row: row.streams) for name, rows in series.items()}
-
-
-def _rate_label(rate_mbit: float) -> str:
-    return "W unlimited" if not rate_mbit else f"W = {rate_mbit:g} Mbit/s"
-
-
-def ttft_series(results: Sequence[RegimesResult]) -> dict[str, list[RegimeRow]]:
-    """The TTFT rows per link rate (and scenario, when several maps are drawn), sorted by prompt tokens."""
-    series: dict[str, list[RegimeRow]] = {}
-    for result in results:
-        for row in sorted((r for r in result.rows if r.regime == "ttft"), key=lambda r: r.rate_mbit):
-            series.setdefault(_series_name(result, _rate_label(row.rate_mbit), len(results) > 1), []).append(row)
-    return {name: sorted(rows, key=lambda row: row.prompt_tokens) for name, rows in series.items()}
-
-
-def plot_streams(results: Sequence[RegimesResult], path: Path) -> None:
-    """Aggregate (left) and per-stream (right) rate vs M streams in flight, one colour per batching policy.
-
-    Lines join each point's own prediction (physics.streams_rates with that run's measured stage costs); the
-    ceiling is the most the bottleneck stage lets through. Points are measured (per stream: the median stream,
-    and the slowest).
-    """
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    figure = new_figure()
-    aggregate, per_stream = figure.subplots(1, 2)
-    ms: set[int] = set()
-    for index, (name, rows) in enumerate(streams_series(results).items()):
-        colour = WALL_COLOURS[index % len(WALL_COLOURS)]
-        m = [row.streams for row in rows]
-        ms.update(m)
-        aggregate.plot(m, [row.predicted for row in rows], "-", color=colour, linewidth=2, label=f"predicted, {name}")
-        aggregate.plot(m, [row.ceiling_tok_s for row in rows], ":", color=colour, linewidth=1.2,
-                       label=f"bottleneck ceiling, {name}")
-        aggregate.plot(m, [row.measured for row in rows], "o", color=colour, markersize=8, linestyle="none",
-                       label=f"measured, {name}", zorder=5)
-        per_stream.plot(m, [row.per_stream_predicted_tok_s for row in rows], "-", color=colour, linewidth=2,
-                        label=f"predicted, {name}")
-        per_stream.plot(m, [row.per_stream_tok_s for row in rows], "o", color=colour, markersize=8,
-                        linestyle="none", label=f"measured median stream, {name}", zorder=5)
-        per_stream.plot(m, [row.per_stream_min_tok_s for row in rows], "v", color=colour, markerfacecolor="none",
-                        markersize=7, markeredgewidth=1.5, linestyle="none", label=f"measured slowest, {name}",
-                        zorder=5)
-    for axes in (aggregate, per_stream):
-        axes.set_xscale("log")
-        axes.set_xticks(sorted(ms))
-        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
-        axes.xaxis.set_minor_formatter(NullFormatter())
-        axes.set_xlabel("streams in flight M (log scale)")
-        axes.grid(True, which="both", alpha=0.25)
-        axes.legend(loc="best", fontsize="x-small")
-    aggregate.set_yscale("log")
-    aggregate.set_ylabel("aggregate decode (tok/s, log scale)")
-    aggregate.set_title("Aggregate: all M streams together", fontsize="medium")
-    per_stream.set_ylim(bottom=0)
-    per_stream.set_ylabel("per-stream decode (tok/s)")
-    per_stream.set_title("Per stream: aggregate / M", fontsize="medium")
-    figure.suptitle("M streams in flight, measured vs predicted")
-    figure.savefig(path, dpi=FIGURE_DPI)
-
-
-def plot_ttft(results: Sequence[RegimesResult], path: Path) -> None:
-    """TTFT vs prompt tokens P, one colour per link rate: lines join each point's own prediction
-    C_prefill(P) + T_ring + the prompt's serialization (Eq. 5 with Eq. 1), points are measured."""
-    figure = new_figure()
-    axes = figure.add_subplot()
-    for index, (name, rows) in enumerate(ttft_series(results).items()):
-        colour = WALL_COLOURS[index % len(WALL_COLOURS)]
-        p = [row.prompt_tokens for row in rows]
-        axes.plot(p, [row.predicted * 1e3 for row in rows], "-", color=colour, linewidth=2,
-                  label=f"predicted, {name}")
-        axes.plot(p, [row.measured * 1e3 for row in rows], "o", color=colour, markersize=8, linestyle="none",
-                  label=f"measured, {name}", zorder=5)
-    axes.set_ylim(bottom=0)
-    axes.set_xlabel("prompt tokens P")
-    axes.set_ylabel("time to first token (ms)")
-    axes.set_title("TTFT = C_prefill(P) + T_ring + P-token hidden state / W per hop, measured vs predicted")
-    axes.grid(True, alpha=0.25)
-    axes.legend(loc="upper left", fontsize="small")
     figure.savefig(path, dpi=FIGURE_DPI)

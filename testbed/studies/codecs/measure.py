@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,10 +27,10 @@ from rich.table import Table
 
 from agents import wire
 from agents.prompts import synthetic
-from testbed import api
+from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
 from testbed.config import Scenario, split_layers
 from testbed.core.decode import WireConfig
-from testbed.core.records import JsonRecord
+from testbed.studies.codecs.result import CodecRow
 
 COMPARED = (WireConfig("f32"), WireConfig("f16"), WireConfig("int8-block", 64), WireConfig("int8-block", 16))
 PROMPT_TOKENS = 128
@@ -40,24 +38,6 @@ WINDOWS = 16  # teacher-forced windows of the fixed text
 WINDOW_TOKENS = 128
 TIMING_REPEATS = 200
 SLOW_RATE_MBIT = 10.0
-TABLE_WIDTH = 160
-
-
-@dataclass(frozen=True)
-class CodecRow(JsonRecord):
-    codec: str
-    block: int
-    token_frame_bytes: int
-    prompt_frame_bytes: int
-    ratio_to_f32: float
-    encode_us: float  # the prompt frame
-    decode_us: float
-    greedy_agreement: float  # share of positions whose argmax equals f32's
-    kl_nats: float  # mean KL(p_f32 || p_codec)
-    alpha_hat: float  # draft vs the codec'd target
-    ttft_measured_s: float | None = None
-    ttft_predicted_s: float | None = None
-    bytes_per_hop: int | None = None
 
 
 def label(codec: WireConfig) -> str:
@@ -122,14 +102,14 @@ def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace
     overrides = list(args.overrides) + [f'wire.codec="{codec.codec}"', f"wire.block={codec.block}",
                                         "decode.mode=plain", f"decode.prompt_tokens={PROMPT_TOKENS}",
                                         "decode.tokens=2", f"network.rate_mbit={SLOW_RATE_MBIT}"]
-    scenario = api.scenario(scenario_name, overrides=overrides)
+    scenario = make_scenario(scenario_name, overrides=overrides)
     summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation))
     t = summary.ttft
     return t.measured_s, t.predicted_s, t.bytes_per_hop
 
 
 def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list[CodecRow]:
-    scenario = api.scenario(scenario_name, overrides=list(args.overrides))
+    scenario = make_scenario(scenario_name, overrides=list(args.overrides))
     from agents.train import MODEL_CONFIGS
 
     width = MODEL_CONFIGS[scenario.model].n_embd
@@ -168,13 +148,12 @@ def table(rows_: list[CodecRow], scenario: str) -> Table:
     return out
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = rows(args.scenario, args, console)
-    wide = console if console.width >= TABLE_WIDTH else Console(width=TABLE_WIDTH)
-    wide.print(table(result, args.scenario))
+def run(args: argparse.Namespace, console: Console) -> list[CodecRow]:
+    ensure_models_on(console)
+    return rows(args.scenario, args, console)
+
+
+def show(result: list[CodecRow], args: argparse.Namespace, console: Console) -> None:
+    print_tables(console, [table(result, args.scenario)])
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text("[\n" + ",\n".join(r.to_json() for r in result) + "\n]\n")
-        console.print(f"JSON: {args.json}")
-    return 0
+        write_json(args.json, "[\n" + ",\n".join(r.to_json() for r in result) + "\n]", console)

@@ -12,20 +12,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 from testbed.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.validate import listed
 
 TOKENS = 6  # per run: the first is the prompt's lap, the rest are the decode tokens measured
-TABLE_WIDTH = 140
 
 
 @dataclass(frozen=True)
@@ -65,8 +63,8 @@ async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResul
     from testbed.launcher import run_scenario
 
     common = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0"]
-    pp_base = api.scenario(args.scenario, overrides=common)
-    tp_base = api.scenario(args.scenario, overrides=common + ["parallel=tp", f"tp.allreduce={args.allreduce}"])
+    pp_base = make_scenario(args.scenario, overrides=common)
+    tp_base = make_scenario(args.scenario, overrides=common + ["parallel=tp", f"tp.allreduce={args.allreduce}"])
     rows, shaper, layers = [], "?", 0
     for i, factor in enumerate(scales):
         pp_sc, tp_sc = scaled_links(pp_base, factor), scaled_links(tp_base, factor)
@@ -104,18 +102,16 @@ def table(result: TpResult) -> Table:
     return out
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> TpResult:
     scales = listed(args.hop_scale, "--hop-scale", "link scales like 0.25,0.5,1 (each in (0, 100])", float,
                     lambda v: 0 < v <= 100)
     if args.tokens is not None and args.tokens < 3:
         raise ConfigError(f"expected --tokens >= 3 (the prompt's lap and two decode tokens), got {args.tokens}",
                           key="--tokens")
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = trio.run(measure, args, scales, lambda m: console.print(m, markup=False, highlight=False))
-    wide = console if console.width >= TABLE_WIDTH else Console(width=TABLE_WIDTH)
-    wide.print(table(result))
-    path = Path(args.json or f"results/tp-{result.scenario}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json(indent=2) + "\n")
-    console.print(f"JSON: {path}")
-    return 0
+    ensure_models_on(console)
+    return trio.run(measure, args, scales, log_to(console))
+
+
+def show(result: TpResult, args: argparse.Namespace, console: Console) -> None:
+    print_tables(console, [table(result)])
+    write_json(results_path(args, "tp", result.scenario), result.to_json(indent=2), console)

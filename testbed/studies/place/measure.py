@@ -21,13 +21,12 @@ import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
 from testbed.config import Scenario, scenario_from_dict
 from testbed.regions import RegionMatrix
 from testbed.core import physics
@@ -145,8 +144,9 @@ def table(title: str, rows: list[Placement]) -> Table:
     return out
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
-    scenario = api.scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
+def run(args: argparse.Namespace, console: Console) -> PlaceResult:
+    """The search, and with --measure the best and worst orders' runs."""
+    scenario = make_scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
     if scenario.stages[-1].is_head:
         raise ConfigError("place orders the stages with the head on the entry; compare a separate head with "
                           "--head-region", source=scenario.source, key="placement.head")
@@ -158,13 +158,11 @@ def main(args: argparse.Namespace, console: Console) -> int:
     if args.head_region:
         runs.append((f"best, head in {args.head_region}", reordered(scenario, best, "best-head", args.head_region)))
     rows = [placement(scenario, "as given")] + [placement(sc, label) for label, sc in runs]
-    how = (f"all {evaluated} orders with {scenario.stages[0].name} first" if evaluated else
-           f"{scenario.n_stages} regions: nearest neighbour + 2-opt (a local optimum, not an exhaustive search)")
     shaper = "-"
     if args.measure:
         from testbed.launcher import run_scenario
 
-        api.ensure_models(lambda message: console.print(f"[bold]{message}"))
+        ensure_models_on(console)
         measured = []
         for label, sc in runs:
             console.print(f"measuring {label} ({sc.n_stages} agents, T_ring {sc.t_ring_s * 1e3:.1f} ms)...")
@@ -175,15 +173,21 @@ def main(args: argparse.Namespace, console: Console) -> int:
             measured.append(dataclasses.replace(placement(sc, label), predicted_tok_s=summary.predicted_tok_s,
                                                 measured_tok_s=summary.measured_tok_s, error_pct=summary.error_pct))
         rows = rows[:1] + measured
-    title = (f"Ring orders of {scenario.name} ({how}; C = {scenario.emulated_compute_s * 1e3:.1f} ms emulated"
-             + (f"; median T_ring {median * 1e3:.1f} ms" if median is not None else "") + ")")
-    wide = console if console.width >= 160 else Console(width=160)
-    wide.print(table(title, rows))
+    return PlaceResult(scenario.name, shaper, evaluated, median, tuple(rows))
+
+
+def title_of(scenario: Scenario, result: PlaceResult) -> str:
+    how = (f"all {result.evaluated} orders with {scenario.stages[0].name} first" if result.evaluated else
+           f"{scenario.n_stages} regions: nearest neighbour + 2-opt (a local optimum, not an exhaustive search)")
+    median = result.median_t_ring_s
+    return (f"Ring orders of {scenario.name} ({how}; C = {scenario.emulated_compute_s * 1e3:.1f} ms emulated"
+            + (f"; median T_ring {median * 1e3:.1f} ms" if median is not None else "") + ")")
+
+
+def show(result: PlaceResult, args: argparse.Namespace, console: Console) -> None:
+    scenario = make_scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
+    print_tables(console, [table(title_of(scenario, result), list(result.placements))])
     if scenario.regions.source:
         console.print(f"latencies: {scenario.regions.source}", highlight=False)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(PlaceResult(scenario.name, shaper, evaluated, median, tuple(rows)).to_json(indent=2) + "\n")
-        console.print(f"JSON: {path}")
-    return 0
+        write_json(args.json, result.to_json(indent=2), console)

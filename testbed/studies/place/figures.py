@@ -1,10 +1,6 @@
-"""The report's placement section: `testbed place` and `testbed tp` results checked, tabled and drawn.
-
-A placement search (`place --json`, told apart by its "placements") becomes fig5_placement.png and a table per
-search: the predicted rate 1/(C + T_ring) of each ring order, measured where --measure ran it. A PP-vs-TP sweep
-(`tp --json`, told apart by its "tp_rows") becomes fig6_tp.png and a table per sweep: per-token latency vs the
-links' one-way latency, measured next to predicted, with Eq. 8's bound 4 L / N.
-"""
+"""The place study in the report: `testbed place --json` results (told apart by their "placements") checked,
+tabled and drawn as fig5_placement.png, the predicted rate 1/(C + T_ring) of each ring order, measured where
+--measure ran it."""
 
 from __future__ import annotations
 
@@ -13,28 +9,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from testbed.core.decode import ALLREDUCE, HEAD_PLACEMENTS
+from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
-from testbed.figure_checks import check_count as _check_count, check_number as _check_number, check_text as _check_text
-from testbed.figures import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
-from testbed.parallel import TpResult, TpRow
-from testbed.place import Placement, PlaceResult
+from testbed.studies.place.measure import Placement, PlaceResult
+from testbed.studies.style import FIGURE_DPI, FIGURE_SIZE_IN, new_figure
+from testbed.validate import check_count, check_number, check_text, record_from
+
 
 DASH: Final = "–"
+
 # (field, minimum, required): the numbers fig5 and the table read from each placement.
 PLACEMENT_NUMBERS: Final = (("t_ring_s", 0.0, True), ("predicted_tok_s", 0.0, True),
                             ("measured_tok_s", 0.0, False), ("error_pct", None, False))
-TP_ROW_POSITIVE: Final = ("hop_scale", "pp_token_ms", "pp_predicted_token_ms", "tp_token_ms",
-                          "tp_predicted_token_ms", "ratio_bound")  # fig6 draws these (times PP) on a log axis
-TP_ROW_NON_NEGATIVE: Final = ("mean_link_ms", "ratio_measured", "ratio_predicted", "tp_bytes_per_token",
-                              "pp_bytes_per_token")
+
 # fig5's bar colour per label; a separate head's bar takes the colour of the order it derives from, hatched.
 LABEL_COLOURS: Final = {"as given": "0.6", "best": "tab:green", "worst": "tab:red"}
+
 OTHER_LABEL_COLOUR: Final = "tab:blue"
+
 SEPARATE_HEAD_HATCH: Final = "//"
+
 BAR_GROUP_GAP: Final = 0.5  # extra space between an order (with its separate head) and the next
+
 BAR_HEIGHT_IN: Final = 0.55
-TP_COLOURS: Final = tuple(zip(WALL_COLOURS[0::2], WALL_COLOURS[1::2]))  # (PP, TP) per sweep
 
 
 @dataclass(frozen=True)
@@ -43,17 +40,6 @@ class SourcedPlace:
 
     source: str
     result: PlaceResult
-
-
-@dataclass(frozen=True)
-class SourcedTp:
-    """One PP-vs-TP sweep (`testbed tp --json`) and where it came from."""
-
-    source: str
-    result: TpResult
-
-
-# ---------------------------------------------------------------- loading and validation
 
 
 def check_placement(placement: Placement, source: str, where: str) -> None:
@@ -66,59 +52,25 @@ def check_placement(placement: Placement, source: str, where: str) -> None:
     if len(placement.regions) != len(placement.order):
         raise ConfigError(f"expected one region per stage ({len(placement.order)}), got {len(placement.regions)}",
                           source=source, key=f"{where}.regions")
-    _check_text(placement.label, source, f"{where}.label")
-    _check_text(placement.head, source, f"{where}.head", HEAD_PLACEMENTS)
+    check_text(placement.label, source, f"{where}.label")
+    check_text(placement.head, source, f"{where}.head", HEAD_PLACEMENTS)
     for key, minimum, required in PLACEMENT_NUMBERS:
-        _check_number(getattr(placement, key), source, f"{where}.{key}", minimum=minimum, required=required)
+        check_number(getattr(placement, key), source, f"{where}.{key}", minimum=minimum, required=required)
 
 
 def parse_place(data: dict, source: str) -> SourcedPlace:
     """A `testbed place --json` object -> a checked PlaceResult; field errors become ConfigError."""
-    try:
-        result = PlaceResult.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"not a placement result: {exc}", source=source) from exc
-    _check_text(result.scenario, source, "scenario")
-    _check_text(result.shaper, source, "shaper", empty_ok=True)
-    _check_count(result.evaluated, 0, source, "evaluated")
-    _check_number(result.median_t_ring_s, source, "median_t_ring_s", minimum=0.0, required=False)
+    result = record_from(PlaceResult, data, source, "a placement result")
+    check_text(result.scenario, source, "scenario")
+    check_text(result.shaper, source, "shaper", empty_ok=True)
+    check_count(result.evaluated, 0, source, "evaluated")
+    check_number(result.median_t_ring_s, source, "median_t_ring_s", minimum=0.0, required=False)
     if not isinstance(result.placements, tuple) or not result.placements:
         raise ConfigError(f"expected a non-empty list of placements, got {result.placements!r}", source=source,
                           key="placements")
     for i, placement in enumerate(result.placements):
         check_placement(placement, source, f"placements[{i}]")
     return SourcedPlace(source, result)
-
-
-def check_tp_row(row: TpRow, source: str, where: str) -> None:
-    """A row's latencies and ratios are numbers (those on fig6's log axis above 0); errors name the field."""
-    for key in TP_ROW_POSITIVE:
-        _check_number(getattr(row, key), source, f"{where}.{key}", positive=True)
-    for key in TP_ROW_NON_NEGATIVE:
-        _check_number(getattr(row, key), source, f"{where}.{key}", minimum=0.0)
-    if not isinstance(row.same_tokens, bool):
-        raise ConfigError(f"expected true or false, got {row.same_tokens!r}", source=source, key=f"{where}.same_tokens")
-
-
-def parse_tp(data: dict, source: str) -> SourcedTp:
-    """A `testbed tp --json` object -> a checked TpResult; field errors become ConfigError."""
-    try:
-        result = TpResult.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"not a PP-vs-TP result: {exc}", source=source) from exc
-    _check_text(result.scenario, source, "scenario")
-    _check_text(result.shaper, source, "shaper", empty_ok=True)
-    _check_count(result.ranks, 1, source, "ranks")
-    _check_count(result.layers, 1, source, "layers")
-    _check_text(result.allreduce, source, "allreduce", ALLREDUCE)
-    if not isinstance(result.tp_rows, tuple) or not result.tp_rows:
-        raise ConfigError(f"expected a non-empty list of rows, got {result.tp_rows!r}", source=source, key="tp_rows")
-    for i, row in enumerate(result.tp_rows):
-        check_tp_row(row, source, f"tp_rows[{i}]")
-    return SourcedTp(source, result)
-
-
-# ---------------------------------------------------------------- what is drawn, in which order
 
 
 def _derives_from(separate: Placement, entry: Sequence[Placement]) -> int | None:
@@ -140,14 +92,6 @@ def placement_groups(result: PlaceResult) -> list[list[Placement]]:
             base = _derives_from(p, entry)
             (orphans if base is None else groups[base]).append(p)
     return groups + [[p] for p in orphans]
-
-
-def tp_series(result: TpResult) -> list[TpRow]:
-    """A sweep's rows in order of the mean link latency (fig6's x)."""
-    return sorted(result.tp_rows, key=lambda row: row.mean_link_ms)
-
-
-# ---------------------------------------------------------------- markdown
 
 
 def _cell(value: float | None, spec: str) -> str:
@@ -174,41 +118,6 @@ def _place_rows(item: SourcedPlace) -> list[str]:
         lines.append(f"| {item.source} | {p.label} | {_ring(p)} | {p.t_ring_s * 1e3:.1f} | {p.predicted_tok_s:.2f} | "
                      f"{_cell(p.measured_tok_s, '.2f')} | {_cell(p.error_pct, '+.1f')} |")
     return lines + [""]
-
-
-def _tp_rows(item: SourcedTp) -> list[str]:
-    r = item.result
-    lines = [f"{item.source}: {r.scenario}, {r.ranks} agents, {r.layers} layers, {r.allreduce} all-reduce, "
-             f"shaper {r.shaper or DASH}.", "",
-             "| source | links x | mean link (ms) | PP measured (ms) | PP predicted (ms) | TP measured (ms) "
-             "| TP predicted (ms) | TP/PP measured | TP/PP exact | 4L/N | same tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for row in tp_series(r):
-        lines.append(f"| {item.source} | {row.hop_scale:g} | {row.mean_link_ms:.1f} | {row.pp_token_ms:.1f} | "
-                     f"{row.pp_predicted_token_ms:.1f} | {row.tp_token_ms:.1f} | {row.tp_predicted_token_ms:.1f} | "
-                     f"{row.ratio_measured:.2f} | {row.ratio_predicted:.2f} | {row.ratio_bound:.2f} | "
-                     f"{'yes' if row.same_tokens else 'no'} |")
-    return lines + [""]
-
-
-def placement_markdown(places: Sequence[SourcedPlace], tps: Sequence[SourcedTp]) -> list[str]:
-    """The "## Placement" section's body: a table per placement search, then one per PP-vs-TP sweep."""
-    lines = []
-    if places:
-        lines += ["Ring orders: predicted r = 1/(C + T_ring) with T_ring the sum of the one-way latencies along the "
-                  "order (C emulated; for a measured order the run's measured C). A separate head's agent adds one "
-                  "hop after the last stage.", ""]
-    for item in places:
-        lines += _place_rows(item)
-    if tps:
-        lines += ["PP vs TP per token: PP C + T_ring; TP 2 L all-reduces (physics.tp_token_s). TP/PP exact is the "
-                  "ratio of the two predictions, 4L/N Eq. 8's bound.", ""]
-    for item in tps:
-        lines += _tp_rows(item)
-    return lines
-
-
-# ---------------------------------------------------------------- figures
 
 
 def plot_placement(results: Sequence[PlaceResult], path: Path) -> None:
@@ -265,35 +174,11 @@ def plot_placement(results: Sequence[PlaceResult], path: Path) -> None:
     figure.savefig(path, dpi=FIGURE_DPI)
 
 
-def plot_tp(results: Sequence[TpResult], path: Path) -> None:
-    """fig6: per-token latency vs the links' mean one-way latency: PP and TP predicted (lines) and measured
-    (points), and Eq. 8's bound 4 L / N times PP's prediction."""
-    figure = new_figure()
-    axes = figure.add_subplot()
-    several = len(results) > 1
-    for index, result in enumerate(results):
-        pp_colour, tp_colour = TP_COLOURS[index % len(TP_COLOURS)]
-        rows = tp_series(result)
-        x = [row.mean_link_ms for row in rows]
-        name = f"{result.scenario}, " if several else ""
-        how = f"{result.allreduce} all-reduce, N = {result.ranks}, L = {result.layers}"
-        line = {"marker": "_", "markersize": 14}  # a sweep of one scale still shows its lines, as dashes
-        axes.plot(x, [row.pp_predicted_token_ms for row in rows], "-", color=pp_colour, linewidth=2, **line,
-                  label=f"{name}PP predicted C + T_ring")
-        axes.plot(x, [row.pp_token_ms for row in rows], "o", color=pp_colour, markersize=8, linestyle="none",
-                  label=f"{name}PP measured", zorder=5)
-        axes.plot(x, [row.tp_predicted_token_ms for row in rows], "-", color=tp_colour, linewidth=2, **line,
-                  label=f"{name}TP predicted, {how}")
-        axes.plot(x, [row.tp_token_ms for row in rows], "s", color=tp_colour, markersize=8, linestyle="none",
-                  label=f"{name}TP measured, {result.allreduce} all-reduce", zorder=5)
-        bounds = "/".join(f"{b:g}" for b in sorted({round(row.ratio_bound, 2) for row in rows}))
-        axes.plot(x, [row.ratio_bound * row.pp_predicted_token_ms for row in rows], "--", color=tp_colour,
-                  linewidth=1.2, **line, label=f"{name}Eq. 8 bound: 4L/N = {bounds} × PP predicted")
-    axes.set_yscale("log")
-    axes.set_xlim(left=0)
-    axes.set_xlabel("mean link one-way latency (ms)")
-    axes.set_ylabel("per-token latency (ms, log scale)")
-    axes.set_title("PP vs TP on the same links: per-token latency, measured vs predicted")
-    axes.grid(True, which="both", alpha=0.25)
-    axes.legend(loc="best", fontsize="x-small")
-    figure.savefig(path, dpi=FIGURE_DPI)
+def placement_markdown(places: Sequence[SourcedPlace]) -> list[str]:
+    """The placement section's body: what is predicted, then a table per placement search."""
+    lines = ["Ring orders: predicted r = 1/(C + T_ring) with T_ring the sum of the one-way latencies along the "
+             "order (C emulated; for a measured order the run's measured C). A separate head's agent adds one "
+             "hop after the last stage.", ""]
+    for item in places:
+        lines += _place_rows(item)
+    return lines

@@ -30,6 +30,7 @@ from netem.userspace import LinkTiming, RelayClock, relay
 from testbed.config import load_scenario
 from testbed.core import clock
 from testbed.core.summary import RunSummary
+from testbed.studies.base import write_json
 
 RELAY_DELAYS_MS = (1, 2, 5, 10, 20, 50, 100)
 TABLE2_ROWS = ("table2-single-node", "table2-rack-lan", "table2-metro", "table2-regional", "table2-continental",
@@ -48,8 +49,7 @@ HOP_TARGET_MS = 0.2
 VARIANTS = (("D=1", 1.0, False), ("auto", "auto", False), ("auto+comp", "auto", True))
 # Inside user-mode-linux every agent start costs ~30 s: netem rows skip compensation (the relay shows its worth).
 VARIANTS_BY_SHAPER = {"netem": VARIANTS[:2], "virtual": VARIANTS[:1]}  # virtual: exact, dilation does not apply
-LAUNCHER_LOG_SIZES = (100, 10_000)  # laps already in the run log when the launcher's per-lap cost is measured
-LAUNCHER_MEASURED_LAPS = 100
+WIDE_WIDTH = 200  # the side-by-side fidelity tables
 
 
 # --- 1. relay release error --------------------------------------------------------------------
@@ -199,7 +199,7 @@ def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console) -> 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "netem.json"
         status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", str(NETEM_ROWS_TIMEOUT_S), "--",
-                                  sys.executable, "-m", "testbed.bench", "--netem-rows-json", str(out),
+                                  sys.executable, "-m", "testbed.studies.bench.measure", "--netem-rows-json", str(out),
                                   "--tokens", str(tokens), *rows])
         if status != 0 or not out.exists():
             console.print(f"[red]netem rows inside user-mode-linux failed (status {status})")
@@ -248,36 +248,41 @@ def percentiles_us(values: list[float]) -> tuple[float, float]:
     return float(np.percentile(values, 50)) * 1e6, float(np.percentile(values, 99)) * 1e6
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
-    if not console.is_terminal:  # a log file or a pipe: rich would fold the side-by-side tables to 80 columns
-        console = Console(width=200)
-    quick = args.quick
-    shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
-    figures: dict = {"relay": [], "overhead": {}, "fidelity": []}
+def fidelity_section(console: Console, shaper: str, rows: tuple[str, ...], results: list[RingResult]) -> list[dict]:
+    """Section 3 on one backend: the side-by-side table, then each variant's worst errors against the targets."""
+    console.print(fidelity_table(shaper, rows, results))
+    for label, _, _ in VARIANTS_BY_SHAPER.get(shaper, VARIANTS):
+        mine = [r for r in results if r.variant == label]
+        worst = max(abs(r.summary.error_pct) for r in mine)
+        hops = [abs(e) for r in mine for e in r.hop_errors_ms]
+        target = FIDELITY_TARGET_PCT_BY_SHAPER.get(shaper, FIDELITY_TARGET_PCT)
+        console.print(f"{shaper} {label}: worst fidelity error {worst:.2f}% (target <= {target:g}%: "
+                      f"{'met' if worst <= target else 'MISSED'}); worst per-hop p50 error "
+                      f"{max(hops, default=0.0):.3f} ms (target <= {HOP_TARGET_MS} ms: "
+                      f"{'met' if max(hops, default=0.0) <= HOP_TARGET_MS else 'MISSED'}); "
+                      f"{sum(r.wall_s for r in mine):.0f} s in all")
+    return [fidelity_figures(r) for r in results]
 
-    # 1. relay release error
+
+def relay_table(console: Console, quick: bool) -> list[dict]:
+    """Section 1: the relay's release error per delay."""
+    rows = []
     table = Table(title="1. userspace relay release error (release - deadline)")
     for col in ("delay ms", "releases", "p50 us", "p99 us", "max us", f"p99 <= {RELEASE_P99_TARGET_US:.0f} us"):
         table.add_column(col, justify="right")
     for delay in RELAY_DELAYS_MS:
         errors = trio.run(relay_release_errors, delay, 100 if quick else 400)
         p50, p99 = percentiles_us(errors)
-        figures["relay"].append({"delay_ms": delay, "p50_us": p50, "p99_us": p99, "n": len(errors)})
+        rows.append({"delay_ms": delay, "p50_us": p50, "p99_us": p99, "n": len(errors)})
         table.add_row(str(delay), str(len(errors)), f"{p50:.1f}", f"{p99:.1f}", f"{max(errors) * 1e6:.1f}",
                       "yes" if p99 <= RELEASE_P99_TARGET_US else "NO")
     console.print(table)
+    return rows
 
-    # 3 (run first: 2 needs its per-hop figures). Table 2 fidelity on every backend.
-    tokens = 12 if quick else 24
-    rows = TABLE2_ROWS if not quick else (TABLE2_ROWS[0], TABLE2_ROWS[3], TABLE2_ROWS[6])
-    by_shaper: dict[str, list[RingResult]] = {}
-    for shaper in shapers:
-        console.print(f"running {len(rows)} Table 2 rows on the {shaper} backend ({tokens} tokens each)...")
-        results = netem_rows_via_uml(rows, tokens, console) if shaper == "netem" else run_rows(shaper, rows, tokens)
-        if results:
-            by_shaper[shaper] = results
 
-    # 2. per-hop overhead vs raw sockets, same payload, same spacing as the geo ring's laps
+def overhead_table(console: Console, by_shaper: dict[str, list[RingResult]], quick: bool) -> dict:
+    """Section 2: each backend's per-hop overhead against a raw socket, same payload, same spacing as the laps."""
+    overhead = {}
     payload = next((r.summary.per_hop[0].bytes_per_lap for results in by_shaper.values() for r in results
                     if r.summary.per_hop), None) or DEFAULT_FRAME_BYTES
     raw_hot_p50_us, _ = percentiles_us(raw_one_way_s(payload, 300 if quick else 1000, RAW_HOT_GAP_S))
@@ -293,95 +298,56 @@ def main(args: argparse.Namespace, console: Console) -> int:
                 if r.variant == "D=1" and r.t_ring_s > 0 and h.measured_ms_p50 is not None]
         over_us = float(np.median(over)) * 1e3
         ratio = over_us / raw_p50_us
-        figures["overhead"][shaper] = {"overhead_p50_us": over_us, "raw_one_way_p50_us": raw_p50_us,
-                                       "raw_one_way_p99_us": raw_p99_us, "raw_back_to_back_p50_us": raw_hot_p50_us,
-                                       "ratio": ratio, "payload_bytes": payload}
+        overhead[shaper] = {"overhead_p50_us": over_us, "raw_one_way_p50_us": raw_p50_us,
+                            "raw_one_way_p99_us": raw_p99_us, "raw_back_to_back_p50_us": raw_hot_p50_us,
+                            "ratio": ratio, "payload_bytes": payload}
         table.add_row(shaper, f"{over_us:.1f}", f"{raw_p50_us:.1f}", f"{ratio:.2f}x",
                       "yes" if ratio <= OVERHEAD_RATIO_TARGET else "NO")
     console.print(table)
+    return overhead
+
+
+def run(args: argparse.Namespace, console: Console) -> dict:
+    """Every section, printed as it is measured; returns their figures (the JSON)."""
+    if not console.is_terminal:  # a log file or a pipe: rich would fold the side-by-side tables to 80 columns
+        console = Console(width=WIDE_WIDTH, file=console.file)
+    quick = args.quick
+    shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
+    figures: dict = {"fidelity": []}
+
+    figures["relay"] = relay_table(console, quick)
+
+    # 3 (run first: 2 needs its per-hop figures). Table 2 fidelity on every backend.
+    tokens = 12 if quick else 24
+    rows = TABLE2_ROWS if not quick else (TABLE2_ROWS[0], TABLE2_ROWS[3], TABLE2_ROWS[6])
+    by_shaper: dict[str, list[RingResult]] = {}
+    for shaper in shapers:
+        console.print(f"running {len(rows)} Table 2 rows on the {shaper} backend ({tokens} tokens each)...")
+        results = netem_rows_via_uml(rows, tokens, console) if shaper == "netem" else run_rows(shaper, rows, tokens)
+        if results:
+            by_shaper[shaper] = results
+
+    figures["overhead"] = overhead_table(console, by_shaper, quick)
 
     for shaper, results in by_shaper.items():
-        console.print(fidelity_table(shaper, rows, results))
-        figures["fidelity"] += [fidelity_figures(r) for r in results]
-        for label, _, _ in VARIANTS_BY_SHAPER.get(shaper, VARIANTS):
-            mine = [r for r in results if r.variant == label]
-            worst = max(abs(r.summary.error_pct) for r in mine)
-            hops = [abs(e) for r in mine for e in r.hop_errors_ms]
-            target = FIDELITY_TARGET_PCT_BY_SHAPER.get(shaper, FIDELITY_TARGET_PCT)
-            console.print(f"{shaper} {label}: worst fidelity error {worst:.2f}% (target <= {target:g}%: "
-                          f"{'met' if worst <= target else 'MISSED'}); worst per-hop p50 error "
-                          f"{max(hops, default=0.0):.3f} ms (target <= {HOP_TARGET_MS} ms: "
-                          f"{'met' if max(hops, default=0.0) <= HOP_TARGET_MS else 'MISSED'}); "
-                          f"{sum(r.wall_s for r in mine):.0f} s in all")
-    from testbed.bench_scale import scale_table
-    from testbed.bench_virtual import against_virtual_table, virtual_scale_table
+        figures["fidelity"] += fidelity_section(console, shaper, rows, results)
+    from testbed.studies.bench.launcher import launcher_cost_table
+    from testbed.studies.bench.scale import scale_table
+    from testbed.studies.bench.virtual import against_virtual_table, virtual_scale_table
     if "virtual" in by_shaper:
         figures["against_virtual"] = against_virtual_table(console, by_shaper, VARIANTS_BY_SHAPER, VARIANTS)
     figures["launcher"] = launcher_cost_table(console)
-
     figures["scale"] = scale_table(console, quick)
     figures["virtual_scale"] = virtual_scale_table(console, quick)
-    from testbed.soak import soak_line
+    from testbed.studies.bench.soak import soak_line
     figures["soak"] = soak_line(console, quick)
+    return figures
+
+
+def show(figures: dict, args: argparse.Namespace, console: Console) -> None:
+    """The sections printed themselves as they ran: only the JSON is left."""
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
-
-
-# --- 4. the launcher's cost per lap ------------------------------------------------------------
-
-def synthetic_lap_line(scenario, lap: int) -> bytes:
-    """A control line as the entry agent sends it: one decode lap of `scenario`, with plausible stamps."""
-    from testbed.core.channel import encode_line
-    from testbed.core.records import HeadTiming, LapRecord, Stamp
-
-    t = lap * 0.05
-    stamps = tuple(Stamp(i, t + i * 0.01, t + i * 0.01, t + i * 0.01 + 0.001, t + i * 0.01 + 0.004,
-                         t + i * 0.01 + 0.004, 612) for i in range(scenario.n_stages))
-    record = LapRecord(lap, "decode", "plain", 1, 1, t, t + 0.05, stamps, t + 0.049, HeadTiming(t + 0.049, t + 0.0495,
-                                                                                                   t + 0.05), (65,))
-    return encode_line({"event": "lap", "record": record.to_dict()})
-
-
-def launcher_cost_per_lap_us(log_size: int) -> tuple[float, float]:
-    """CPU time the launcher spends per lap (control line -> LapRecord -> run log) with `log_size` laps already
-    logged, and one Prometheus scrape of the collector at that size; both in microseconds."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from testbed.collector import RunCollector
-    from testbed.core.records import LapRecord
-    from testbed.runlog import RunLog
-
-    scenario = load_scenario("geo-ring")
-    log = RunLog(scenario)
-    lines = [synthetic_lap_line(scenario, i) for i in range(log_size + LAUNCHER_MEASURED_LAPS)]
-    for line in lines[:log_size]:
-        log.add_lap(LapRecord.from_dict(json.loads(line)["record"]))
-    start = time.process_time()
-    for line in lines[log_size:]:
-        log.add_lap(LapRecord.from_dict(json.loads(line)["record"]))
-    per_lap = (time.process_time() - start) / LAUNCHER_MEASURED_LAPS
-    registry = CollectorRegistry()
-    registry.register(RunCollector(lambda: [log]))
-    generate_latest(registry)  # warm-up: the first scrape pays one-time imports
-    start = time.process_time()
-    generate_latest(registry)
-    return per_lap * 1e6, (time.process_time() - start) * 1e6
-
-
-def launcher_cost_table(console: Console) -> list[dict]:
-    rows = []
-    table = Table(title="4. launcher CPU time per lap (control line -> LapRecord -> run log), and one scrape")
-    for col in ("laps already logged", "us per lap", "us per scrape"):
-        table.add_column(col, justify="right")
-    for size in LAUNCHER_LOG_SIZES:
-        per_lap_us, scrape_us = launcher_cost_per_lap_us(size)
-        rows.append({"laps_logged": size, "cpu_us_per_lap": per_lap_us, "cpu_us_per_scrape": scrape_us})
-        table.add_row(f"{size:,}", f"{per_lap_us:.1f}", f"{scrape_us:.0f}")
-    ratio = rows[-1]["cpu_us_per_lap"] / rows[0]["cpu_us_per_lap"]
-    table.caption = f"per-lap cost at {LAUNCHER_LOG_SIZES[-1]:,} / at {LAUNCHER_LOG_SIZES[0]} laps = {ratio:.2f}x (O(1): ~1x)"
-    console.print(table)
-    return rows
+        write_json(args.json, json.dumps(figures, indent=2), console)
 
 
 def _netem_rows_entry(argv: list[str]) -> int:

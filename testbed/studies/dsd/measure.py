@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 from testbed.core import physics
+from testbed.core.decode import MAX_CLIENTS
 from testbed.core.records import JsonRecord
 from testbed.core.summary import RunSummary
 from testbed.validate import listed
@@ -132,7 +132,7 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
 
     async def run(label: str, overrides: list[str]) -> RunSummary:
         log(label)
-        sc = api.scenario(args.scenario, overrides=base + overrides)
+        sc = make_scenario(args.scenario, overrides=base + overrides)
         return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation)
 
     colocated = await run("co-located SD", ["decode.mode=speculative", "spec.placement=colocated"])
@@ -224,21 +224,17 @@ def tables(result: DsdResult) -> list[Table]:
     return [latency, capacity] + ([jitter] if result.jitter else [])
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> DsdResult:
     rtts = listed(args.rtts, "--rtts", "round trips in ms within [0, 10000], like 5,10,20", float,
                   lambda v: 0 <= v <= 10_000)
-    clients = listed(args.clients, "--clients", "client counts within [1, 32], like 1,2,4", int,
-                     lambda v: 1 <= v <= 32) if args.clients else []
+    clients = listed(args.clients, "--clients", f"client counts within [1, {MAX_CLIENTS}], like 1,2,4", int,
+                     lambda v: 1 <= v <= MAX_CLIENTS) if args.clients else []
     jitters = listed(args.jitters, "--jitters", "jitters in ms within [0, 1000], like 0,5,20", float,
                      lambda v: 0 <= v <= 1_000) if args.jitters else []
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = trio.run(measure, args, rtts, clients, jitters,
-                      lambda m: console.print(m, markup=False, highlight=False))
-    wide = console if console.width >= 140 else Console(width=140)
-    for table in tables(result):
-        wide.print(table)
-    path = Path(args.json or f"results/dsd-{Path(args.scenario).stem}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json(indent=2) + "\n")
-    console.print(f"JSON: {path}")
-    return 0
+    ensure_models_on(console)
+    return trio.run(measure, args, rtts, clients, jitters, log_to(console))
+
+
+def show(result: DsdResult, args: argparse.Namespace, console: Console) -> None:
+    print_tables(console, tables(result))
+    write_json(results_path(args, "dsd", args.scenario), result.to_json(indent=2), console)

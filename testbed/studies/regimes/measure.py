@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 from testbed.config import Scenario
 from testbed.core.decode import MAX_STREAMS
 from testbed.core.errors import ConfigError
@@ -36,7 +35,6 @@ PROMPT_TOKENS = (16, 128, 240)  # the models' context is 256 positions: 240 leav
 SLOW_RATE_MBIT = 10.0
 STREAM_TOKENS = 16  # tokens per stream in the streams runs (and the decode runs) unless --tokens says
 KINDS = ("ttft", "streams", "decode", "speculative")
-TABLE_WIDTH = 150
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
                   log) -> RegimesResult:
     from testbed.launcher import run_scenario
 
-    base = api.scenario(scenario_name, overrides=list(args.overrides))
+    base = make_scenario(scenario_name, overrides=list(args.overrides))
     if "streams" in kinds and base.n_stages < 2:
         raise ConfigError(f"{base.name} has one stage: streams in flight need a ring (use --only without streams)",
                           source=base.source, key="stages")
@@ -160,7 +158,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
     calibrations: dict = {}
     runs = plan(base, kinds, tokens, args.streams)
     for i, (label, overrides) in enumerate(runs):
-        scenario = api.scenario(scenario_name, overrides=list(args.overrides) + overrides)
+        scenario = make_scenario(scenario_name, overrides=list(args.overrides) + overrides)
         log(f"[{i + 1}/{len(runs)}] {label}")
         summary = await run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
                                      compensate=args.compensate, calibrations=calibrations)
@@ -171,7 +169,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
     return RegimesResult(base.name, shaper, base.n_stages, base.t_ring_s, base.emulated_compute_s, tuple(rows))
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> RegimesResult:
     kinds = tuple(k.strip() for k in args.only.split(",") if k.strip()) if args.only else KINDS
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
@@ -181,13 +179,10 @@ def main(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"expected stream counts in [1, {MAX_STREAMS}], got {args.streams}", key="--streams")
     if tokens < 2:
         raise ConfigError(f"expected --tokens >= 2, got {tokens}", key="--tokens")
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = trio.run(measure, args.scenario, args, kinds, tokens,
-                      lambda m: console.print(m, markup=False, highlight=False))
-    wide = console if console.width >= TABLE_WIDTH else Console(width=TABLE_WIDTH)  # a piped console is 80 wide
-    wide.print(table(result))
-    path = Path(args.json or f"results/regimes-{result.scenario}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json(indent=2) + "\n")
-    console.print(f"JSON: {path}")
-    return 0
+    ensure_models_on(console)
+    return trio.run(measure, args.scenario, args, kinds, tokens, log_to(console))
+
+
+def show(result: RegimesResult, args: argparse.Namespace, console: Console) -> None:
+    print_tables(console, [table(result)])
+    write_json(results_path(args, "regimes", result.scenario), result.to_json(indent=2), console)

@@ -16,10 +16,10 @@ from typing import Any, Final
 
 from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
-from testbed.edge import CapacityRow, DsdResult, DsdRow
-from testbed.figures import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
+from testbed.studies.dsd.measure import CapacityRow, DsdResult, DsdRow
+from testbed.studies.style import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 # one set of number/count/text checks for the report's sections, so their messages read alike
-from testbed.figure_checks import check_count as _check_count, check_number as _check_number, check_text as _check_text
+from testbed.validate import check_count, check_number, check_text, record_from
 
 DASH: Final = "–"
 DSD_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
@@ -67,7 +67,7 @@ class SourcedDsd:
 def _check_numbers(record: Any, rules: tuple, source: str, where: str) -> None:
     for keys, how in rules:
         for key in keys:
-            _check_number(getattr(record, key), source, f"{where}{key}", **how)
+            check_number(getattr(record, key), source, f"{where}{key}", **how)
 
 
 def _check_rows(result: DsdResult, key: str, source: str, *, non_empty: bool) -> tuple:
@@ -81,22 +81,19 @@ def _check_rows(result: DsdResult, key: str, source: str, *, non_empty: bool) ->
 
 def parse_dsd(data: dict, source: str) -> SourcedDsd:
     """A `testbed dsd` JSON object -> a checked DsdResult; field errors become ConfigError naming the field."""
-    try:
-        result = DsdResult.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"not a DSD result: {exc}", source=source) from exc
-    _check_text(result.scenario, source, "scenario")
-    _check_text(result.shaper, source, "shaper", empty_ok=True)
-    _check_count(result.k, 1, source, "k")
-    _check_count(result.tokens, 1, source, "tokens")
+    result = record_from(DsdResult, data, source, "a DSD result")
+    check_text(result.scenario, source, "scenario")
+    check_text(result.shaper, source, "shaper", empty_ok=True)
+    check_count(result.k, 1, source, "k")
+    check_count(result.tokens, 1, source, "tokens")
     _check_numbers(result, RESULT_NUMBERS, source, "")
     for key in ("clients_colocated", "clients_offloaded"):
-        _check_count(getattr(result, key), 0, source, key)
+        check_count(getattr(result, key), 0, source, key)
     for i, row in enumerate(_check_rows(result, "dsd_rows", source, non_empty=True)):
         _check_numbers(row, DSD_ROW_NUMBERS, source, f"dsd_rows[{i}].")
     for i, row in enumerate(_check_rows(result, "capacity", source, non_empty=False)):
-        _check_count(row.clients, 1, source, f"capacity[{i}].clients")
-        _check_text(row.batching, source, f"capacity[{i}].batching", BATCHING)
+        check_count(row.clients, 1, source, f"capacity[{i}].clients")
+        check_text(row.batching, source, f"capacity[{i}].batching", BATCHING)
         _check_numbers(row, CAPACITY_NUMBERS, source, f"capacity[{i}].")
     for i, row in enumerate(_check_rows(result, "jitter", source, non_empty=False)):
         _check_numbers(row, JITTER_NUMBERS, source, f"jitter[{i}].")
@@ -181,11 +178,8 @@ def _jitter_rows(item: SourcedDsd) -> list[str]:
 
 
 def dsd_markdown(items: Sequence[SourcedDsd]) -> list[str]:
-    """The "## Speculation at a distance" section, only when there is a DSD result to table."""
-    if not items:
-        return []
-    lines = ["", "## Speculation at a distance", "",
-             "Per edge RTT, one request each way, measured / predicted (ms): co-located SD and cloud AR are the "
+    """The speculation-at-a-distance section's body: what is predicted, then each result's tables."""
+    lines = ["Per edge RTT, one request each way, measured / predicted (ms): co-located SD and cloud AR are the "
              "server's own closed forms plus the RTT once; synchronous and pipelined DSD physics.dsd_round_s with "
              "the run's t_d, t_v and hit rate. Capacity: aggregate tok/s of edge clients drafting for one server "
              "verifying, against the co-located server's rate times 1 + K t_d / t_v."]

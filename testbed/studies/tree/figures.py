@@ -1,10 +1,6 @@
-"""The report's tree-speculation and wire-codec sections: `sweep --tree-n` and `codecs` results checked, tabled, drawn.
-
-A tree sweep (`sweep SCENARIO --tree-n ... --json F`, told apart by its "tree_rows") becomes fig7_tree.png, L(n)
-vs n with the fit a + b ln n and tok/s vs n measured next to physics.tree_rate with W* marked, and a table per
-sweep. A codec table (`codecs SCENARIO --json F`, a list of rows, each told apart by its "greedy_agreement") becomes
-one table: bytes on the wire, encode and decode time, and what the codec does to the model.
-"""
+"""The tree study in the report: `sweep SCENARIO --tree-n ... --json F` results (told apart by their
+"tree_rows") checked, tabled and drawn as fig7_tree.png: L(n) vs n with the fit a + b ln n, and tok/s vs n
+measured next to physics.tree_rate with W* marked."""
 
 from __future__ import annotations
 
@@ -12,27 +8,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
-from testbed.figure_checks import check_count as _check_count, check_number as _check_number, check_text as _check_text
-from testbed.figures import CURVE_POINTS, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
-from testbed.tree_sweep import TreeFit, TreeRow, TreeSweep
+from testbed.studies.style import CURVE_POINTS, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
+from testbed.studies.tree.measure import TreeFit, TreeRow, TreeSweep
+from testbed.validate import check_count, check_number, check_text, record_from
 
-if TYPE_CHECKING:
-    from testbed.codecs import CodecRow
 
 DASH: Final = "–"
+
 TREE_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
+
 # TreeRow numbers: n sits on fig7's log axis; the rest are rates, times, bytes and L(n).
 TREE_ROW_NON_NEGATIVE: Final = ("rate_mbit", "tokens_per_round", "lap_ms", "draft_ms", "compute_ms", "ring_ms",
                                 "serialization_ms", "bytes_per_hop", "measured_tok_s", "predicted_tok_s")
-# CodecRow numbers: (field, minimum, maximum); KL has no minimum, as a distribution equal to f32's can come out a
-# rounding error below 0.
-CODEC_NUMBERS: Final = (("ratio_to_f32", 0.0, None), ("encode_us", 0.0, None), ("decode_us", 0.0, None),
-                        ("greedy_agreement", 0.0, 1.0), ("kl_nats", None, None), ("alpha_hat", 0.0, 1.0))
-CODEC_COUNTS: Final = (("block", 1), ("token_frame_bytes", 1), ("prompt_frame_bytes", 1))
 
 
 @dataclass(frozen=True)
@@ -43,49 +34,35 @@ class SourcedTree:
     result: TreeSweep
 
 
-@dataclass(frozen=True)
-class SourcedCodec:
-    """One row of a codec table (`testbed codecs --json`, a list) and where it came from ("file.json[2]")."""
-
-    source: str
-    row: CodecRow
-
-
-# ---------------------------------------------------------------- loading and validation
-
-
 def check_tree_row(row: TreeRow, source: str, where: str) -> None:
     """A row's codec is known and the numbers fig7 and the table read are numbers; errors name the field."""
-    _check_text(row.codec, source, f"{where}.codec", CODECS)
-    _check_number(row.n, source, f"{where}.n", positive=True)
-    _check_count(row.rounds, 1, source, f"{where}.rounds")
+    check_text(row.codec, source, f"{where}.codec", CODECS)
+    check_number(row.n, source, f"{where}.n", positive=True)
+    check_count(row.rounds, 1, source, f"{where}.rounds")
     for key in TREE_ROW_NON_NEGATIVE:
-        _check_number(getattr(row, key), source, f"{where}.{key}", minimum=0.0)
-    _check_number(row.error_pct, source, f"{where}.error_pct")
+        check_number(getattr(row, key), source, f"{where}.{key}", minimum=0.0)
+    check_number(row.error_pct, source, f"{where}.error_pct")
 
 
 def check_tree_fit(item: TreeFit, source: str, where: str) -> None:
     """A fit's coefficients are numbers and its widths above 0 (fig7's log axis); errors name the field."""
-    _check_text(item.codec, source, f"{where}.codec", CODECS)
-    _check_number(item.rate_mbit, source, f"{where}.rate_mbit", minimum=0.0)
+    check_text(item.codec, source, f"{where}.codec", CODECS)
+    check_number(item.rate_mbit, source, f"{where}.rate_mbit", minimum=0.0)
     for key in ("a", "b"):
-        _check_number(getattr(item, key), source, f"{where}.{key}")
+        check_number(getattr(item, key), source, f"{where}.{key}")
     for key in ("best_n_measured", "best_n_predicted"):
-        _check_number(getattr(item, key), source, f"{where}.{key}", positive=True)
+        check_number(getattr(item, key), source, f"{where}.{key}", positive=True)
     for key in ("w_star_predicted", "w_star_measured"):
-        _check_number(getattr(item, key), source, f"{where}.{key}", positive=True, required=False)
+        check_number(getattr(item, key), source, f"{where}.{key}", positive=True, required=False)
 
 
 def parse_tree(data: dict, source: str) -> SourcedTree:
     """A `testbed sweep --tree-n` JSON object -> a checked TreeSweep; field errors become ConfigError."""
-    try:
-        result = TreeSweep.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"not a tree sweep: {exc}", source=source) from exc
-    _check_text(result.scenario, source, "scenario")
-    _check_text(result.shaper, source, "shaper", empty_ok=True)
-    _check_text(result.policy, source, "policy")
-    _check_number(result.t_ring_s, source, "t_ring_s", minimum=0.0)
+    result = record_from(TreeSweep, data, source, "a tree sweep")
+    check_text(result.scenario, source, "scenario")
+    check_text(result.shaper, source, "shaper", empty_ok=True)
+    check_text(result.policy, source, "policy")
+    check_number(result.t_ring_s, source, "t_ring_s", minimum=0.0)
     for key, what in (("tree_rows", "rows"), ("fits", "fits")):
         if not isinstance(getattr(result, key), tuple):
             raise ConfigError(f"expected a list of {what}, got {getattr(result, key)!r}", source=source, key=key)
@@ -100,31 +77,6 @@ def parse_tree(data: dict, source: str) -> SourcedTree:
             raise ConfigError(f"no tree_rows at {item.codec}, {rate_label(item.rate_mbit)} to fit", source=source,
                               key=f"fits[{i}]")
     return SourcedTree(source, result)
-
-
-def parse_codec(data: dict, source: str) -> SourcedCodec:
-    """One `testbed codecs --json` row -> a checked CodecRow; field errors become ConfigError."""
-    from testbed.codecs import CodecRow  # imports torch: only a report with a codec table pays for it
-
-    try:
-        row = CodecRow.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"not a codec row: {exc}", source=source) from exc
-    _check_text(row.codec, source, "codec", CODECS)
-    for key, minimum in CODEC_COUNTS:
-        _check_count(getattr(row, key), minimum, source, key)
-    _check_count(row.bytes_per_hop, 0, source, "bytes_per_hop", required=False)
-    for key, minimum, maximum in CODEC_NUMBERS:
-        _check_number(getattr(row, key), source, key, minimum=minimum, maximum=maximum)
-    for key in ("ttft_measured_s", "ttft_predicted_s"):
-        _check_number(getattr(row, key), source, key, minimum=0.0, required=False)
-    if (row.ttft_measured_s is None) != (row.ttft_predicted_s is None):
-        raise ConfigError("expected TTFT measured and predicted both or neither", source=source,
-                          key="ttft_predicted_s" if row.ttft_predicted_s is None else "ttft_measured_s")
-    return SourcedCodec(source, row)
-
-
-# ---------------------------------------------------------------- what is drawn, in which order
 
 
 def rate_label(rate_mbit: float) -> str:
@@ -154,9 +106,6 @@ def _w_star_text(item: TreeFit | None) -> str:
     return f"W* predicted {item.w_star_predicted:.0f}, measured {measured}"
 
 
-# ---------------------------------------------------------------- markdown
-
-
 def _cell(value: float | None, spec: str) -> str:
     return DASH if value is None else format(value, spec)
 
@@ -184,45 +133,15 @@ def _tree_rows(item: SourcedTree) -> list[str]:
     return lines
 
 
-def _codec_label(row: CodecRow) -> str:
-    return f"{row.codec} (block {row.block})" if row.codec == "int8-block" else row.codec
-
-
-def _codec_rows(items: Sequence[SourcedCodec]) -> list[str]:
-    lines = ["| source | codec | 1-token frame (B) | prompt frame (B) | vs f32 | encode (µs) | decode (µs) "
-             "| greedy agreement | KL (nats) | α̂ | TTFT measured / predicted (ms) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for item in items:
-        row = item.row
-        ttft = DASH if row.ttft_measured_s is None else (f"{row.ttft_measured_s * 1e3:.1f} / "
-                                                         f"{row.ttft_predicted_s * 1e3:.1f}")
-        lines.append(f"| {item.source} | {_codec_label(row)} | {row.token_frame_bytes} | {row.prompt_frame_bytes} | "
-                     f"{row.ratio_to_f32:.3f} | {row.encode_us:.0f} | {row.decode_us:.0f} | "
-                     f"{row.greedy_agreement:.4f} | {row.kl_nats:.2e} | {row.alpha_hat:.4f} | {ttft} |")
+def tree_markdown(trees: Sequence[SourcedTree]) -> list[str]:
+    """The tree speculation section's body: what is predicted, then a table per sweep."""
+    lines = ["Per (codec, link rate, n): L(n) tokens per lap, the lap, the bytes per hop; predicted = "
+             "physics.tree_rate, L(n) / (sum_i [l_i + n s_h / BW_i] + compute(n)) with the measured L(n) and "
+             "compute. W* is the width where a lap's serialization equals T_ring; measured where the ring "
+             "time passes 2 T_ring."]
+    for item in trees:
+        lines += _tree_rows(item)
     return lines
-
-
-def tree_markdown(trees: Sequence[SourcedTree], codecs: Sequence[SourcedCodec]) -> list[str]:
-    """The "## Tree speculation" and "## Wire codecs" sections, each only when there is something to table."""
-    lines = []
-    if trees:
-        lines += ["", "## Tree speculation", "",
-                  "Per (codec, link rate, n): L(n) tokens per lap, the lap, the bytes per hop; predicted = "
-                  "physics.tree_rate, L(n) / (sum_i [l_i + n s_h / BW_i] + compute(n)) with the measured L(n) and "
-                  "compute. W* is the width where a lap's serialization equals T_ring; measured where the ring "
-                  "time passes 2 T_ring."]
-        for item in trees:
-            lines += _tree_rows(item)
-    if codecs:
-        lines += ["", "## Wire codecs", "",
-                  "Frames with their header; vs f32 = prompt frame bytes over f32's. Greedy agreement, KL(p_f32 || "
-                  "p_codec) and α̂ (the draft against the codec'd target) are teacher-forced with the codec at every "
-                  "hop; TTFT (`codecs --measure`) measured vs C_prefill + T_ring + serialization.", "",
-                  *_codec_rows(codecs)]
-    return lines
-
-
-# ---------------------------------------------------------------- figures
 
 
 def plot_tree(results: Sequence[TreeSweep], path: Path) -> None:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 from testbed.core.decode import CODECS, MAX_TREE
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -96,14 +95,14 @@ async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], c
     from testbed.launcher import run_scenario
     from testbed.tree_summary import hop_rates_bytes_s
 
-    base = list(args.overrides) + ["decode.mode=tree", f"decode.tokens={args.tokens or TOKENS}",
+    common = list(args.overrides) + ["decode.mode=tree", f"decode.tokens={args.tokens or TOKENS}",
                                    f"decode.tree_k={args.tree_k}"]
     rows, fits, shaper, t_ring, policy = [], [], "?", 0.0, "?"
     for codec in codecs:
         for rate in rates:
             group = []
             for n in ns:
-                sc = api.scenario(args.scenario, overrides=base + [f"decode.tree_n={n}", f"network.rate_mbit={rate}",
+                sc = make_scenario(args.scenario, overrides=common + [f"decode.tree_n={n}", f"network.rate_mbit={rate}",
                                                                    f'wire.codec="{codec}"'])
                 log(f"{codec}, {rate:g} Mbit/s, n = {n}...")
                 summary = await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
@@ -144,18 +143,16 @@ def table(result: TreeSweep) -> Table:
     return out
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> TreeSweep:
     ns = listed(args.tree_n, "--tree-n", f"node counts like 1,4,16,64,256 within [1, {MAX_TREE}]", int,
                 lambda n: 1 <= n <= MAX_TREE)
     rates = listed(args.rates, "--rates", "link rates in Mbit/s like 0,10 (0 = unlimited)", float,
                    lambda r: 0 <= r <= 100_000)
     codecs = listed(args.codecs, "--codecs", f"codecs from {', '.join(CODECS)}", str, lambda c: c in CODECS)
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    result = trio.run(measure, args, ns, rates, codecs, lambda m: console.print(m, markup=False, highlight=False))
-    wide = console if console.width >= 150 else Console(width=150)
-    wide.print(table(result))
-    path = Path(args.json or f"results/tree-{result.scenario}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json(indent=2) + "\n")
-    console.print(f"JSON: {path}")
-    return 0
+    ensure_models_on(console)
+    return trio.run(measure, args, ns, rates, codecs, log_to(console))
+
+
+def show(result: TreeSweep, args: argparse.Namespace, console: Console) -> None:
+    print_tables(console, [table(result)])
+    write_json(results_path(args, "tree", result.scenario), result.to_json(indent=2), console)

@@ -25,14 +25,13 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
+from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 from testbed.config import Scenario
 from testbed.core.records import JsonRecord
 from testbed.validate import listed
@@ -213,7 +212,7 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
     from testbed.launcher import run_scenario
     from testbed.runlog import RunLog
 
-    base = with_fault(api.scenario(args.scenario, overrides=list(args.overrides) + [
+    base = with_fault(make_scenario(args.scenario, overrides=list(args.overrides) + [
         f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0", "decode.mode=plain"]))
     rows, ran, clean_ids, compute, clean_lap_s = [], "?", None, 0.0, None
     hops, rto_s = [link.delay_ms / 1e3 for link in base.ring], base.loss_rto_ms / 1e3
@@ -308,27 +307,26 @@ def table(result: FaultsResult) -> Table:
 def shapers_of(args: argparse.Namespace) -> list[str]:
     """--shapers a,b (each row set once per backend) or --shaper."""
     text = getattr(args, "shapers", None) or args.shaper
-    from netem.select import KINDS
+    from netem.select import kinds
 
-    return listed(text, "--shapers", f"backends among {', '.join(KINDS)}, like userspace,netem", str,
-                  lambda v: v in KINDS)
+    return listed(text, "--shapers", f"backends among {', '.join(kinds())}, like userspace,netem", str,
+                  lambda v: v in kinds())
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> list[FaultsResult]:
+    """Every row on each backend of --shapers (or --shaper): one result per backend."""
     jitters = listed(args.jitters, "--jitters", "jitters in ms within [0, 10000], like 0,1,5,20", float,
                      lambda v: 0 <= v <= 10_000)
     losses = listed(args.losses, "--losses", "loss percentages within [0, 100], like 0,0.1,1,5", float,
                     lambda v: 0 <= v <= 100)
     shapers = shapers_of(args)
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    base = Path(args.json or f"results/faults-{Path(args.scenario).stem}.json")
-    for shaper in shapers:
-        result = trio.run(measure, args, jitters, losses, lambda m: console.print(m, markup=False, highlight=False),
-                          shaper)
-        wide = console if console.width >= 140 else Console(width=140)
-        wide.print(table(result))
-        path = base if len(shapers) == 1 else base.with_name(f"{base.stem}-{result.shaper}{base.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(result.to_json(indent=2) + "\n")
-        console.print(f"JSON: {path}")
-    return 0
+    ensure_models_on(console)
+    return [trio.run(measure, args, jitters, losses, log_to(console), shaper) for shaper in shapers]
+
+
+def show(results: list[FaultsResult], args: argparse.Namespace, console: Console) -> None:
+    base = results_path(args, "faults", args.scenario)
+    for result in results:
+        print_tables(console, [table(result)])
+        path = base if len(results) == 1 else base.with_name(f"{base.stem}-{result.shaper}{base.suffix}")
+        write_json(path, result.to_json(indent=2), console)

@@ -8,25 +8,35 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from typing import Any
 
 import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed import api
-from testbed.config import parse_k_range
+from testbed.config import Scenario, parse_k_range
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
+from testbed.studies.base import ensure_models_on, make_scenario, write_json
 
 TABLE3_KS = (4, 8, 16)
+
+
+def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float | None = None, rounds: int = 30,
+                   overrides: list[str] | None = None, **keys: Any) -> Scenario:
+    """The scenario of one K sweep: speculative, every K for `rounds` rounds, calibrated at `alpha` if given."""
+    items = list(overrides or []) + ["decode.mode=speculative", f"decode.k_sweep={list(ks)}",
+                                     f"decode.rounds_per_k={rounds}", f"decode.k_max={max(ks)}"]
+    if alpha is not None:
+        items += ["decode.draft=calibrated", f"decode.alpha={alpha}"]
+    return make_scenario(name_or_path, overrides=items, **keys)
 
 
 def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> RunSummary:
     from testbed.launcher import run_scenario
 
-    scenario = api.sweep_scenario(args.scenario, ks, alpha=alpha, rounds=args.rounds,
-                                  overrides=list(args.overrides) + ([f"decode.tokens={args.tokens}"] if args.tokens else []))
+    scenario = sweep_scenario(args.scenario, ks, alpha=alpha, rounds=args.rounds,
+                              overrides=list(args.overrides) + ([f"decode.tokens={args.tokens}"] if args.tokens else []))
     label = f"alpha={alpha}" if alpha is not None else f"draft={scenario.decode.draft}"
     console.print(f"sweep {scenario.name} ({label}): K = {ks[0]}..{ks[-1]}, {args.rounds} rounds each, "
                   f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
@@ -74,11 +84,8 @@ def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
     return table
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
-    if getattr(args, "tree_n", None):
-        from testbed import tree_sweep
-
-        return tree_sweep.main(args, console)
+def run(args: argparse.Namespace, console: Console) -> list[tuple[float | None, RunSummary]]:
+    """One sweep per --alpha (or one with the scenario's draft): (alpha, its summary) each."""
     ks = parse_k_range(args.k)
     if args.rounds < 1:
         raise ConfigError(f"expected --rounds >= 1, got {args.rounds}", key="--rounds")
@@ -90,16 +97,15 @@ def main(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"expected alphas like 0.6,0.7,0.8,0.9, got {args.alpha!r}", key="--alpha") from None
         if not all(0 < a < 1 for a in alphas):
             raise ConfigError(f"alphas must be in (0, 1), got {args.alpha!r}", key="--alpha")
-    api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-    results = []
-    for alpha in alphas:
-        summary = run_sweep(args, ks, alpha, console)
+    ensure_models_on(console)
+    return [(alpha, run_sweep(args, ks, alpha, console)) for alpha in alphas]
+
+
+def show(results: list[tuple[float | None, RunSummary]], args: argparse.Namespace, console: Console) -> None:
+    ks = parse_k_range(args.k)
+    for _alpha, summary in results:
         console.print(per_k_table(summary))
-        results.append((alpha, summary))
     if args.alpha and all(k in ks for k in TABLE3_KS):
-        console.print(table3(results, api.scenario(args.scenario, overrides=args.overrides).scale))
+        console.print(table3(results, make_scenario(args.scenario, overrides=args.overrides).scale))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps([s.to_dict() for _, s in results], indent=2) + "\n")
-        console.print(f"JSON: {args.json}")
-    return 0
+        write_json(args.json, json.dumps([s.to_dict() for _, s in results], indent=2), console)

@@ -1,0 +1,24 @@
+"""The studies: each is a folder (its options, measurement, result and report part) plus one line here. The CLI
+builds a command for each, the API (`testbed.<name>(...)`) runs each, and `testbed report` reads each one's JSON.
+
+    from testbed.studies import STUDIES
+    STUDIES["faults"].run(args, console)
+"""
+
+from __future__ import annotations
+
+from testbed.studies import bench, codecs, dsd, faults, place, regimes, sweep, tp, tree
+from testbed.studies.base import Study
+
+# A new study is one folder plus one line here (the order is the CLI's and the report's).
+STUDIES: dict[str, Study] = {study.name: study for study in (
+    sweep.STUDY,
+    regimes.STUDY,
+    place.STUDY,
+    tp.STUDY,
+    tree.STUDY,
+    codecs.STUDY,
+    dsd.STUDY,
+    faults.STUDY,
+    bench.STUDY,
+)}

@@ -1,0 +1,21 @@
+"""The bench study: the testbed's own precision and cost (relay release error, per-hop overhead against raw sockets,
+Table 2 fidelity per backend, the launcher's cost per lap, scale on real and simulated time, the soak)."""
+
+from __future__ import annotations
+
+import argparse
+
+from testbed.studies.base import ReportPart, Study
+from testbed.studies.bench import figures, measure
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
+    parser.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
+    parser.add_argument("--json", help="write the figures here")
+
+
+STUDY = Study("bench", "print relay precision, per-hop overhead and Table 2 fidelity", add_options, measure.run,
+              measure.show, scenario=False,
+              report=ReportPart("relay", "Testbed precision", "bench runs", figures.parse_bench,
+                                figures.bench_markdown))

@@ -1,0 +1,23 @@
+"""The faults study: jitter and loss on every link, each row's mean and p99 lap measured against the model, and
+the output against the clean run's (faults delay data, they never corrupt it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from testbed.studies.base import ReportPart, Study
+from testbed.studies.faults import figures, measure
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jitters", default="0,1,5,20", help="jitter per link, ms (default 0,1,5,20)")
+    parser.add_argument("--losses", default="0,0.1,1,5", help="loss per link, %% (default 0,0.1,1,5)")
+    parser.add_argument("--json", help="write the rows here (default results/faults-SCENARIO.json)")
+    parser.add_argument("--shapers", help="backends to run the rows on, e.g. userspace,netem (default: --shaper)")
+
+
+STUDY = Study("faults", "jitter and loss on every link: mean and p99 lap measured vs the model, and the output "
+                        "against the clean run", add_options, measure.run, measure.show,
+              report=ReportPart("fault_rows", "Faults", "faults results", figures.parse_faults,
+                                figures.faults_markdown),
+              defaults=(("dilation", 1.0),))

@@ -1,0 +1,105 @@
+"""The study seam: a study is one folder plus one line in STUDIES, and the CLI, the API and the report pick it up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import testbed
+from testbed import cli
+from testbed.report import build as report
+from testbed.studies import STUDIES
+from tests.echo_study import STUDY as ECHO
+
+
+@pytest.fixture
+def with_echo(monkeypatch):
+    monkeypatch.setitem(STUDIES, "echo", ECHO)  # the one line a new study adds
+
+
+def test_every_study_is_reported_by_a_part_or_as_run_summaries():
+    for name, study in STUDIES.items():
+        assert study.report is not None or study.writes_runs, f"{name}: `testbed report` cannot read its JSON"
+    keys = [study.report.key for study in STUDIES.values() if study.report is not None]
+    assert len(keys) == len(set(keys)), keys  # each study's JSON is told apart by a key of its own
+
+
+def test_a_study_in_the_registry_is_a_command_with_its_options(with_echo, capsys):
+    help_text = " ".join(cli.build_parser().format_help().split())
+    assert "echo the wall, measured vs predicted, as one row (a test study)" in help_text
+    args = cli.build_parser().parse_args(["echo", "geo-ring", "--shaper", "virtual", "--json", "x.json"])
+    assert (args.scenario, args.shaper, args.json) == ("geo-ring", "virtual", "x.json")
+    assert args.func == ECHO.main
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    for name, study in STUDIES.items():
+        assert (name in commands) == study.command, name  # the tree sweep is `sweep --tree-n`
+
+
+def test_a_study_in_the_registry_runs_from_the_api_and_lands_in_the_report(with_echo, tmp_path):
+    result = testbed.echo("geo-ring", shaper="virtual", tokens=6)
+    assert result.echo_measured_tok_s == pytest.approx(result.predicted_tok_s, rel=1e-6)
+    with pytest.raises(TypeError, match="unexpected option 'jitter'"):
+        testbed.echo("geo-ring", jitter=3)
+    path = tmp_path / "echo-geo-ring.json"
+    path.write_text(result.to_json())
+    out = tmp_path / "out"
+    assert report.main([str(path), "--out", str(out)]) == 0
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "## Echo" in markdown and f"| {path} | {result.echo_measured_tok_s:.3f} |" in markdown
+    assert "1 echo results" in markdown
+
+
+def test_an_unknown_study_is_named():
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        testbed.nosuch  # noqa: B018
+    with pytest.raises(TypeError, match="no study 'nosuch'"):
+        testbed.study("nosuch", "geo-ring")
+
+
+FAULTS = {"scenario": "geo-ring", "shaper": "virtual", "compute_ms": 33.0, "t_ring_ms": 280.0, "rto_ms": 200.0,
+          "n_hops": 3, "fault_rows": [
+              {"fault": "jitter", "value": 0.0, "laps": 47, "lap_ms": 313.0, "lap_ms_p99": 313.0, "predicted_ms": 313.0,
+               "predicted_ms_p99": 313.0, "error_pct": 0.0, "same_output": True},
+              {"fault": "loss", "value": 5.0, "laps": 47, "lap_ms": 343.0, "lap_ms_p99": 713.0, "predicted_ms": 343.0,
+               "predicted_ms_p99": 713.0, "error_pct": 0.0, "same_output": True, "lost_pct": 4.96,
+               "predicted_lost_ms": 342.8, "penalty_ms": 30.0, "model_penalty_ms": 30.0}]}
+
+
+def test_a_faults_result_has_its_section_in_the_report(tmp_path):
+    path = tmp_path / "faults-geo-ring.json"
+    path.write_text(json.dumps(FAULTS))
+    assert report.main([str(path), "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "## Faults" in markdown and "1 faults results" in markdown
+    assert f"| {path} | loss 5% | 47 | 343.0 | 343.0 | +0.00 | 713.0 | 713.0 | 4.96 | 342.8 | identical |" in markdown
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ({"fault_rows": []}, "fault_rows: expected a non-empty list of rows"),
+    ({"fault_rows": [{**FAULTS["fault_rows"][0], "fault": "flood"}]}, "fault_rows[0].fault: expected one of jitter"),
+    ({"fault_rows": [{**FAULTS["fault_rows"][0], "laps": 0}]}, "fault_rows[0].laps: expected an integer >= 1"),
+    ({"rto_ms": None}, "rto_ms: expected a number, got null"),
+])
+def test_bad_faults_input_exits_2_naming_the_field(tmp_path, capsys, edit, expected):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**FAULTS, **edit}))
+    assert report.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert expected in capsys.readouterr().err
+
+
+BENCH = {"relay": [{"delay_ms": 5, "p50_us": 40.5, "p99_us": 88.0, "n": 400}],
+         "overhead": {"userspace": {"overhead_p50_us": 354.0, "raw_one_way_p50_us": 137.0, "ratio": 2.58}},
+         "fidelity": []}
+
+
+def test_a_bench_run_has_its_section_in_the_report(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(BENCH))
+    assert report.main([str(path), "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "## Testbed precision" in markdown and f"| {path} | 5 | 40.5 | 88.0 |" in markdown
+    assert f"| {path} | userspace | 354.0 | 137.0 | 2.58 |" in markdown
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**BENCH, "overhead": {"netem": {"ratio": -1}}}))
+    assert report.main([str(bad), "--out", str(tmp_path / "out2")]) == 2
