@@ -67,6 +67,7 @@ class Backend:
     build: Callable[[list[LinkSpec], int, str, str, ShaperOptions], Shaper]  # (links, n, run_id, reason, options)
     requested: str  # the reason a run gives when --shaper names it
     missing: Callable[[Capabilities], str | None] | None = None  # None: runs anywhere; else why not here (or None)
+    simulated: bool = False  # runs on simulated time: exact, so time dilation does not apply
 
 
 def _netem_missing(caps: Capabilities) -> str | None:
@@ -81,7 +82,7 @@ BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (
     Backend("netem", _kernel, "netem: requested (--shaper netem); root, netns, veth and sch_netem available",
             _netem_missing),
     Backend("userspace", _userspace, "userspace: requested (--shaper userspace)"),
-    Backend("virtual", _virtual, "virtual: requested (--shaper virtual); simulated time, exact"),
+    Backend("virtual", _virtual, "virtual: requested (--shaper virtual); simulated time, exact", simulated=True),
 )}
 
 

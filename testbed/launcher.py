@@ -333,18 +333,19 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
     first, kept in `calibrations` (pass one dict to phases of one ring so that they calibrate once).
     """
     from netem.base import ShaperOptions
-    from netem.select import choose_shaper
+    from netem.select import BACKENDS, choose_shaper
 
     async def calibrate(calibration: Scenario) -> RunSummary:
         return await run_scenario(calibration, shaper_kind, log=log, echo_agent_stderr=echo_agent_stderr)
 
-    if shaper_kind == "virtual":  # simulated time is exact: there is no overhead for dilation to divide
+    backend = BACKENDS.get(shaper_kind)
+    if backend is not None and backend.simulated:  # exact: there is no overhead for dilation to divide
         if scenario.emulated_compute_s + scenario.t_ring_s <= 0:
-            raise ConfigError("on the virtual backend a lap with no emulated compute (compute_ms = 0 everywhere) on "
+            raise ConfigError(f"on the {shaper_kind} backend a lap with no emulated compute (compute_ms = 0 everywhere) on "
                               "links of 0 ms takes no simulated time, so it has no rate: give a stage compute_ms or "
                               "a link a delay", source=scenario.source, key="stages.compute_ms")
         if dilation not in (1, 1.0, "1", "auto") or compensate:
-            log(f"the virtual backend is exact: --dilation {dilation}{' --compensate' if compensate else ''} "
+            log(f"the {shaper_kind} backend is exact: --dilation {dilation}{' --compensate' if compensate else ''} "
                 "does not apply (ignored)")
         dilation, compensate = 1.0, False
     chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
