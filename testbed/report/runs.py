@@ -10,9 +10,9 @@ from typing import Any, Final
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary, SpecSummary
 from testbed.validate import check_number
+from testbed.studies.style import DASH, cell
 
 
-DASH: Final = "–"
 NO_LAP: Final = "no decode lap measured it"  # why a figure of a run summary can be null
 
 # The figures each report reads: a run that lacks one (e.g. no decode lap finished) cannot be reported.
@@ -82,10 +82,6 @@ def parse_summary(data: Any, source: str) -> SourcedSummary:
     return SourcedSummary(source, summary)
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return DASH if value is None else format(value, spec)
-
-
 def _run_rows(runs: Sequence[SourcedSummary]) -> list[str]:
     lines = [
         "| source | scenario | mode | shaper | T_ring (ms) | C (ms) | laps | measured (tok/s) | predicted (tok/s) "
@@ -97,7 +93,7 @@ def _run_rows(runs: Sequence[SourcedSummary]) -> list[str]:
         lines.append(
             f"| {run.source} | {s.scenario} | {s.mode} | {s.shaper or DASH} | {s.t_ring_s * 1e3:.1f} | "
             f"{s.compute_s * 1e3:.1f} | {s.laps} | {s.measured_tok_s:.2f} | {s.predicted_tok_s:.2f} | "
-            f"{_cell(s.error_pct, '+.1f')} | {_cell(s.overhead_ms_per_hop, '.2f')} |")
+            f"{cell(s.error_pct, '+.1f')} | {cell(s.overhead_ms_per_hop, '.2f')} |")
     return lines
 
 
@@ -114,8 +110,8 @@ def _spec_rows(runs: Sequence[SourcedSummary]) -> list[str]:
         lines.append(
             f"| {run.source} | {s.t_ring_s * 1e3:.1f} | {spec.verify_compute_s * 1e3:.1f} | {spec.k:g} | "
             f"{spec.alpha:.2f} | {spec.draft_per_token_s * 1e3:.2f} | {spec.gamma_measured:.2f} | "
-            f"{spec.gamma_predicted:.2f} | {_cell(measured, '.2f')} | {spec.predicted_tok_s:.2f} | "
-            f"{_cell(error, '+.1f')} | {spec.plain_predicted_tok_s:.2f} | {spec.k_star} | {spec.k_star_tok_s:.2f} |")
+            f"{spec.gamma_predicted:.2f} | {cell(measured, '.2f')} | {spec.predicted_tok_s:.2f} | "
+            f"{cell(error, '+.1f')} | {spec.plain_predicted_tok_s:.2f} | {spec.k_star} | {spec.k_star_tok_s:.2f} |")
     return lines
 
 
@@ -130,11 +126,11 @@ def _per_k_rows(runs: Sequence[SourcedSummary]) -> list[str]:
             error = 100.0 * (row.measured_tok_s / row.predicted_tok_s - 1) if row.predicted_tok_s else None
             lines.append(
                 f"| {run.source} | {row.k} | {row.rounds} | {row.gamma_measured:.2f} | {row.gamma_predicted:.2f} | "
-                f"{row.measured_tok_s:.2f} | {row.predicted_tok_s:.2f} | {_cell(error, '+.1f')} | "
+                f"{row.measured_tok_s:.2f} | {row.predicted_tok_s:.2f} | {cell(error, '+.1f')} | "
                 f"{row.formula_tok_s:.2f} |")
     lines.append("")
-    lines += [f"- {run.source}: K* measured = {_cell(run.summary.spec.k_star_measured, 'd')}, "
-              f"K* predicted = {_cell(run.summary.spec.k_star_predicted, 'd')}" for run in runs]
+    lines += [f"- {run.source}: K* measured = {cell(run.summary.spec.k_star_measured, 'd')}, "
+              f"K* predicted = {cell(run.summary.spec.k_star_predicted, 'd')}" for run in runs]
     return lines
 
 

@@ -118,7 +118,8 @@ def log_to(console: Console) -> Callable[[str], None]:
 
 
 def print_tables(console: Console, tables: Sequence[Table]) -> None:
-    wide = console if console.width >= TABLE_WIDTH else Console(width=TABLE_WIDTH, file=console.file)
+    wide = console if console.width >= TABLE_WIDTH else Console(width=TABLE_WIDTH, file=console.file,
+                                                                 quiet=console.quiet)
     for table in tables:
         wide.print(table)
 

@@ -310,7 +310,7 @@ def overhead_table(console: Console, by_shaper: dict[str, list[RingResult]], qui
 def run(args: argparse.Namespace, console: Console) -> dict:
     """Every section, printed as it is measured; returns their figures (the JSON)."""
     if not console.is_terminal:  # a log file or a pipe: rich would fold the side-by-side tables to 80 columns
-        console = Console(width=WIDE_WIDTH, file=console.file)
+        console = Console(width=WIDE_WIDTH, file=console.file, quiet=console.quiet)
     quick = args.quick
     shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
     figures: dict = {"fidelity": []}

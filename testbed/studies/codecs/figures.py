@@ -12,9 +12,8 @@ from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
 from testbed.studies.codecs.result import CodecRow
 from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.studies.style import DASH
 
-
-DASH: Final = "–"
 
 # CodecRow numbers: (field, minimum, maximum); KL has no minimum, as a distribution equal to f32's can come out a
 # rounding error below 0.

@@ -17,11 +17,10 @@ from typing import Any, Final
 from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.studies.dsd.measure import CapacityRow, DsdResult, DsdRow
-from testbed.studies.style import FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
+from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, cell, new_figure
 # one set of number/count/text checks for the report's sections, so their messages read alike
 from testbed.validate import check_count, check_number, check_text, record_from
 
-DASH: Final = "–"
 DSD_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
 SHARE_MAX: Final = 1.5  # hit rate and server busy are measured shares: timing may put them a little over 1
 POSITIVE: Final = {"positive": True}
@@ -125,10 +124,6 @@ def crossover_text(measured: float | None, predicted: float) -> str:
 # ---------------------------------------------------------------- markdown
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return DASH if value is None else format(value, spec)
-
-
 def _pair(measured: float, predicted: float) -> str:
     return f"{measured:.0f} / {predicted:.0f}"
 
@@ -141,7 +136,7 @@ def _latency_rows(item: SourcedDsd) -> list[str]:
     for row in dsd_series(r):
         modes = " | ".join(_pair(getattr(row, f"{mode}_ms"), getattr(row, f"{mode}_predicted_ms"))
                            for mode, _, _ in MODES)
-        lines.append(f"| {item.source} | {row.rtt_ms:g} | {modes} | {_cell(row.alpha_hat, '.3f')} | "
+        lines.append(f"| {item.source} | {row.rtt_ms:g} | {modes} | {cell(row.alpha_hat, '.3f')} | "
                      f"{row.draft_ms_per_token:.2f} | {row.verify_ms:.2f} | {row.hit_rate:.2f} |")
     return lines + ["", "- crossover RTT (measured / predicted): pipelined DSD beats co-located SD below "
                     f"{crossover_text(r.crossover_rtt_ms, r.crossover_predicted_rtt_ms)}; synchronous DSD beats "
@@ -160,7 +155,7 @@ def _capacity_rows(item: SourcedDsd) -> list[str]:
         lines.append(f"| {item.source} | {row.clients} | {row.batching} | {row.aggregate_tok_s:.1f} / "
                      f"{row.predicted_aggregate_tok_s:.1f} | {row.per_client_tok_s:.1f} | {row.server_busy:.0%} | "
                      f"{row.batch_mean:.2f} | {row.verify_ms:.1f} |")
-    return lines + ["", f"- multiplier: {_cell(r.multiplier_measured, '.2f')} measured (the most clients without "
+    return lines + ["", f"- multiplier: {cell(r.multiplier_measured, '.2f')} measured (the most clients without "
                     f"batching over the co-located server), 1 + K t_d / t_v = {r.multiplier_predicted:.2f} predicted",
                     f"- clients sustained at {r.target_tok_s:.1f} tok/s a client: {r.clients_colocated} with the "
                     f"server drafting for them, {r.clients_offloaded} with the drafts offloaded (of those measured)"]
@@ -173,7 +168,7 @@ def _jitter_rows(item: SourcedDsd) -> list[str]:
     for row in item.result.jitter:
         lines.append(f"| {item.source} | {row.rtt_ms:g} | {row.jitter_ms:g} | "
                      f"{_pair(row.request_ms, row.predicted_request_ms)} | {row.error_pct:+.1f} | {row.round_ms:.1f} "
-                     f"| {_cell(row.alpha_hat, '.3f')} | {row.draft_ms_per_token:.2f} | {row.verify_ms:.2f} |")
+                     f"| {cell(row.alpha_hat, '.3f')} | {row.draft_ms_per_token:.2f} | {row.verify_ms:.2f} |")
     return lines
 
 

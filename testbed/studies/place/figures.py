@@ -12,11 +12,9 @@ from typing import Final
 from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
 from testbed.studies.place.measure import Placement, PlaceResult
-from testbed.studies.style import FIGURE_DPI, FIGURE_SIZE_IN, new_figure
+from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, cell, new_figure
 from testbed.validate import check_count, check_number, check_text, record_from
 
-
-DASH: Final = "–"
 
 # (field, minimum, required): the numbers fig5 and the table read from each placement.
 PLACEMENT_NUMBERS: Final = (("t_ring_s", 0.0, True), ("predicted_tok_s", 0.0, True),
@@ -94,10 +92,6 @@ def placement_groups(result: PlaceResult) -> list[list[Placement]]:
     return groups + [[p] for p in orphans]
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return DASH if value is None else format(value, spec)
-
-
 def _ring(p: Placement) -> str:
     return " -> ".join([f"{name} ({region})" for name, region in zip(p.order, p.regions, strict=True)] + [p.order[0]])
 
@@ -116,7 +110,7 @@ def _place_rows(item: SourcedPlace) -> list[str]:
              "|---|---|---|---:|---:|---:|---:|"]
     for p in (p for group in placement_groups(r) for p in group):
         lines.append(f"| {item.source} | {p.label} | {_ring(p)} | {p.t_ring_s * 1e3:.1f} | {p.predicted_tok_s:.2f} | "
-                     f"{_cell(p.measured_tok_s, '.2f')} | {_cell(p.error_pct, '+.1f')} |")
+                     f"{cell(p.measured_tok_s, '.2f')} | {cell(p.error_pct, '+.1f')} |")
     return lines + [""]
 
 

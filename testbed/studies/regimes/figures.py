@@ -12,10 +12,8 @@ from typing import Final
 from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.studies.regimes.measure import KINDS, RegimeRow, RegimesResult
-from testbed.studies.style import FIGURE_DPI, WALL_COLOURS, new_figure
+from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.validate import check_number, record_from
-
-DASH: Final = "–"
 
 
 # What each regime's rows must carry besides measured and predicted (the figures read them).

@@ -11,12 +11,10 @@ from typing import Final
 
 from testbed.core.decode import ALLREDUCE
 from testbed.core.errors import ConfigError
-from testbed.studies.style import FIGURE_DPI, WALL_COLOURS, new_figure
+from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.studies.tp.measure import TpResult, TpRow
 from testbed.validate import check_count, check_number, check_text, record_from
 
-
-DASH: Final = "–"
 
 TP_ROW_POSITIVE: Final = ("hop_scale", "pp_token_ms", "pp_predicted_token_ms", "tp_token_ms",
                           "tp_predicted_token_ms", "ratio_bound")  # fig6 draws these (times PP) on a log axis

@@ -12,12 +12,10 @@ from typing import Final
 
 from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
-from testbed.studies.style import CURVE_POINTS, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
+from testbed.studies.style import CURVE_POINTS, DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 from testbed.studies.tree.measure import TreeFit, TreeRow, TreeSweep
 from testbed.validate import check_count, check_number, check_text, record_from
 
-
-DASH: Final = "–"
 
 TREE_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
 
@@ -104,10 +102,6 @@ def _w_star_text(item: TreeFit | None) -> str:
         return ""
     measured = DASH if item.w_star_measured is None else f"{item.w_star_measured:.0f}"
     return f"W* predicted {item.w_star_predicted:.0f}, measured {measured}"
-
-
-def _cell(value: float | None, spec: str) -> str:
-    return DASH if value is None else format(value, spec)
 
 
 def _tree_rows(item: SourcedTree) -> list[str]:
