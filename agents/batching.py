@@ -13,16 +13,16 @@ def batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame
     """Arrival order kept; consecutive one-token HIDDEN frames of different streams form one batch, anything
     else (a probe, a prefill block, SHUTDOWN, a second frame of a stream already in the batch) stands alone."""
     groups: list[list[tuple[wire.Frame, float]]] = []
+    streams: set[int] = set()  # the streams of the last group, when it is a batch (O(1) a frame, not O(batch))
     for item in items:
         frame = item[0]
-        batchable = (frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1))
-        last = groups[-1] if groups else None
-        if (batchable and last is not None and last[0][0].kind == wire.Kind.HIDDEN
-                and last[0][0].tensor is not None and last[0][0].tensor.shape[:2] == (1, 1)
-                and all(f.stream != frame.stream for f, _ in last)):
-            last.append(item)
+        batchable = frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1)
+        if batchable and groups and streams and frame.stream not in streams:
+            groups[-1].append(item)
+            streams.add(frame.stream)
         else:
             groups.append([item])
+            streams = {frame.stream} if batchable else set()
     return groups
 
 

@@ -26,7 +26,7 @@ import math
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterator, Sequence
 
 import numpy as np
 import trio
@@ -136,6 +136,69 @@ def tree_plan(plan: np.ndarray | None, max_nodes: int, pos: int, cached: int) ->
     return parents
 
 
+def pack_stamp(s: Stamp) -> bytes:
+    return STAMP.pack(s.stage, min(s.batch, 0xFFFF), s.sent_bytes, s.recv, s.compute_start, s.real_end,
+                      s.compute_end, s.send)
+
+
+def unpack_stamp(data: bytes | memoryview, offset: int = 0) -> Stamp:
+    stage, batch, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(data, offset)
+    return Stamp(stage, recv, c0, real_end, c1, send, sent_bytes, batch or 1)
+
+
+class Stamps(Sequence[Stamp]):
+    """A received frame's stamps, kept as the bytes they came in: a stage adds its own and sends them on without
+    unpacking the ones before (on a ring of n stages a frame carries up to n stamps, so unpacking them at
+    every hop made a lap cost O(n^2)). Indexing and iterating unpack; `+ (stamp,)` packs the new one; a
+    LapRecord made from them holds a plain tuple."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: bytes = b"") -> None:
+        if len(packed) % STAMP.size:
+            raise WireError(f"{len(packed)} bytes of stamps is not a whole number of {STAMP.size}-byte stamps")
+        self.packed = bytes(packed)
+
+    def __len__(self) -> int:
+        return len(self.packed) // STAMP.size
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"stamp {index} of {n}")
+        return unpack_stamp(self.packed, (index % n) * STAMP.size)
+
+    def __iter__(self) -> Iterator[Stamp]:
+        for offset in range(0, len(self.packed), STAMP.size):
+            yield unpack_stamp(self.packed, offset)
+
+    def __add__(self, more: Sequence[Stamp]) -> "Stamps":
+        return Stamps(self.packed + packed_stamps(more))
+
+    def __radd__(self, before: Sequence[Stamp]) -> "Stamps":
+        return Stamps(packed_stamps(before) + self.packed)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Stamps):
+            return self.packed == other.packed
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Stamps({list(self)!r})"
+
+
+def packed_stamps(stamps: Sequence[Stamp]) -> bytes:
+    """The wire bytes of a frame's stamps (those of Stamps as they came)."""
+    if isinstance(stamps, Stamps):
+        return stamps.packed
+    return b"".join(map(pack_stamp, stamps))
+
+
 @dataclass(frozen=True)
 class Frame:
     kind: Kind
@@ -144,7 +207,7 @@ class Frame:
     pos: int = 0  # sequence position of the block's first token: stages roll their KV cache back to it
     flags: int = 0
     tensor: np.ndarray | None = None
-    stamps: tuple[Stamp, ...] = field(default_factory=tuple)
+    stamps: Sequence[Stamp] = field(default_factory=tuple)  # a tuple, or Stamps as a frame came off the wire
 
 
 def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
@@ -177,12 +240,9 @@ def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
-    parts = [HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
-                         frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload))]
-    for s in frame.stamps:
-        parts.append(STAMP.pack(s.stage, min(s.batch, 0xFFFF), s.sent_bytes, s.recv, s.compute_start, s.real_end, s.compute_end, s.send))
-    parts.append(payload)
-    return b"".join(parts)
+    return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
+                                 frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload)),
+                     packed_stamps(frame.stamps), payload))
 
 
 @dataclass(frozen=True)
@@ -254,10 +314,7 @@ def decode_header(data: bytes | bytearray | memoryview) -> _Header:
 def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
     if len(body) != header.body_len:
         raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
-    stamps = []
-    for i in range(header.n_stamps):
-        stage, batch, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(body, i * STAMP.size)
-        stamps.append(Stamp(stage, recv, c0, real_end, c1, send, sent_bytes, batch or 1))
+    stamps = Stamps(body[:header.n_stamps * STAMP.size])
     tensor = None
     if header.dtype == DType.INT8_BLOCK:
         offset = header.n_stamps * STAMP.size
@@ -269,7 +326,7 @@ def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
         offset = header.n_stamps * STAMP.size
         # Copy: the array must own its memory (the receive buffer is reused) and be writable for torch.
         tensor = np.frombuffer(body, dtype=NUMPY_DTYPES[header.dtype], offset=offset).reshape(header.shape).copy()
-    return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, tuple(stamps))
+    return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, stamps)
 
 
 def decode(data: bytes) -> Frame:

@@ -59,6 +59,18 @@ def test_summary_json_round_trips():
     assert RunSummary.from_json(s.to_json()) == s
 
 
+def test_a_lap_record_is_the_plain_data_asdict_gives_and_reads_back():
+    """JsonRecord.to_dict/from_dict (a conversion planned once per type) against dataclasses.asdict and the
+    record itself, on a lap with stamps, a head, ids and a mode's extra facts; a bad field is still named."""
+    lap = dataclasses.replace(fake_lap(3, 0.3, spec=True), ids=(65, 66), extra={"k": 4, "per_position": [1, 0]})
+    assert lap.to_dict() == dataclasses.asdict(lap)
+    assert LapRecord.from_json(lap.to_json()) == lap
+    data = lap.to_dict()
+    data["stamps"][1]["colour"] = "red"
+    with pytest.raises(ValueError, match=r"LapRecord.stamps\[1\]: unknown field\(s\) colour"):
+        LapRecord.from_dict(data)
+
+
 def test_collector_reads_the_logs_at_scrape_time():
     plain, spec = logged("plain"), logged("speculative", 10)
     logs = [plain]

@@ -1,6 +1,5 @@
 """A moving network (issue 15): link schedules and traces, applied live by the relay; partitions."""
 
-import statistics
 import time
 
 import pytest

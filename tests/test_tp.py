@@ -5,8 +5,6 @@ links; physics.tp_token_s predicts a token's latency for the all-reduce used (a 
 configured links). The real-ring tests hold the measured per-token latency to it, and TP/PP above 4L/N.
 """
 
-import dataclasses
-
 import pytest
 import torch
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from agents.model import KVCache, tree_mask
-from agents.modes.speculative import probabilities
 from agents.modes.tree import Tree, grow, verify
 from testbed import api
 from testbed.core.decode import DecodeConfig

@@ -1,6 +1,8 @@
 """Wire format: round trips, and every malformed field is rejected with a message that names it."""
 
 
+import dataclasses
+
 import numpy as np
 import pytest
 import trio
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from agents import wire
 from testbed.core.errors import LinkBroken, WireError
+from testbed.core.records import LapRecord
 
 
 def make_frame(shape=(1, 3, 8), n_stamps=2):
@@ -26,6 +29,25 @@ def test_round_trip():
     assert (back.kind, back.stream, back.lap, back.pos) == (wire.Kind.HIDDEN, 7, 123456789012, 42)
     np.testing.assert_array_equal(back.tensor, frame.tensor)
     assert back.stamps == frame.stamps
+
+
+def test_stamps_travel_packed_and_read_as_stamps():
+    """A received frame's stamps stay the bytes they came in: a stage adds its own without unpacking the rest,
+    and what it sends on is byte for byte what a tuple of the same stamps encodes to."""
+    frame = make_frame(n_stamps=3)
+    back = wire.decode(wire.encode(frame))
+    assert isinstance(back.stamps, wire.Stamps) and len(back.stamps) == 3
+    assert list(back.stamps) == list(frame.stamps) and back.stamps[-1] == frame.stamps[-1]
+    assert back.stamps[1:] == frame.stamps[1:]
+    extra = wire.Stamp(9, 2.0, 2.1, 2.2, 2.3, 2.4, 500, 4)
+    onward = dataclasses.replace(back, stamps=back.stamps + (extra,))
+    assert isinstance(onward.stamps, wire.Stamps)
+    assert wire.encode(onward) == wire.encode(dataclasses.replace(frame, stamps=frame.stamps + (extra,)))
+    assert LapRecord(0, "decode", "plain", 1, 1, 0.0, 1.0, back.stamps, 1.0).stamps == tuple(frame.stamps)
+    with pytest.raises(IndexError, match="stamp 3 of 3"):
+        back.stamps[3]
+    with pytest.raises(WireError, match="not a whole number"):
+        wire.Stamps(b"x" * (wire.STAMP.size + 1))
 
 
 @settings(max_examples=50, deadline=None)
