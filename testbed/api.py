@@ -15,6 +15,7 @@ the command writes as JSON (testbed.studies.STUDIES lists them). Overrides are s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import trio
@@ -28,14 +29,17 @@ from testbed.studies.sweep.measure import sweep_scenario
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
         overrides: list[str] | None = None, log: Callable[[str], None] | None = None, dilation: float | str = "auto",
-        compensate: bool = False, **keys: Any) -> RunSummary:
-    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.dilation)."""
+        compensate: bool = False, trace: str | Path | None = None, **keys: Any) -> RunSummary:
+    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.dilation; trace:
+    write its laps there as a Chrome trace-event timeline, testbed.trace)."""
     from testbed.launcher import run_scenario
+    from testbed.trace import tracing
 
     sc = scenario(name_or_path, tokens=tokens, overrides=overrides, **keys)
     ensure_models()
-    return trio.run(lambda: run_scenario(sc, shaper, log=log or (lambda message: None), dilation=dilation,
-                                         compensate=compensate))
+    with tracing(trace):
+        return trio.run(lambda: run_scenario(sc, shaper, log=log or (lambda message: None), dilation=dilation,
+                                             compensate=compensate))
 
 
 def sweep(name_or_path: str, ks: list[int], *, alpha: float | None = None, rounds: int = 30, shaper: str = "auto",
@@ -59,4 +63,4 @@ def study(name: str, scenario_name: str | None = None, *, console: Console | Non
             known = ", ".join(sorted(k for k in vars(args) if k != "scenario"))
             raise TypeError(f"{name}() got an unexpected option {key!r}; expected one of {known}")
         setattr(args, key, ",".join(str(v) for v in value) if isinstance(value, list | tuple) else value)
-    return chosen.run(args, console or Console(quiet=True))
+    return chosen.measure(args, console or Console(quiet=True))

@@ -17,8 +17,9 @@ from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
 from testbed.studies import STUDIES
-from testbed.studies.base import add_run_options
+from testbed.studies.base import add_run_options, add_trace_option
 from testbed.report.build import main as report_main
+from testbed.trace import tracing
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -110,9 +111,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"expected phases from {', '.join(MODES)}, got {phase!r}", key="--phases")
     scenarios = [scenario_from_args(args, [f"decode.mode={phase}"] if phase else []) for phase in phases or [None]]
     ensure_models(console)
-    summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
-                         args.verbose, args)
+    with tracing(args.trace):
+        summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
+                             args.verbose, args)
     print_summary(console, summaries)
+    if args.trace:
+        console.print(f"Trace (Perfetto, chrome://tracing): {args.trace}")
     if args.json:
         path = Path(args.json)
         for summary in summaries:
@@ -185,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
     run.add_argument("--lap-log", help="stream every lap record here as JSON lines (the run keeps only the last "
                                        "laps in memory; phases share the file, each record names its mode)")
+    add_trace_option(run)
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="print what a run would set up (tc commands or relay timings), apply nothing")

@@ -16,6 +16,8 @@ from testbed.core.decode import MODES
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
+from testbed.trace import TraceWriter
+from testbed.trace import current as current_trace
 
 if TYPE_CHECKING:
     from netem.base import ScheduleChange
@@ -148,9 +150,11 @@ class RunLog:
     """
 
     def __init__(self, scenario: Scenario, *, metrics_url: str | None = None, lap_log: Path | None = None,
-                 window_laps: int = LAP_WINDOW) -> None:
-        """lap_log: a file every lap is appended to as one JSON line (LapRecord.to_json) as it arrives."""
+                 window_laps: int = LAP_WINDOW, trace: TraceWriter | None = None) -> None:
+        """lap_log: a file every lap is appended to as one JSON line (LapRecord.to_json) as it arrives. trace:
+        a timeline every lap is added to (testbed.trace; default: that of the `tracing` block this is made in)."""
         self.scenario = scenario
+        self.trace = trace if trace is not None else current_trace()
         self.metrics_url = metrics_url
         self.shaper = "?"
         self.shaper_reason = ""
@@ -241,6 +245,8 @@ class RunLog:
         if self._lap_file is not None:
             self._lap_file.write(record.to_json() + "\n")
             self._lap_file.flush()
+        if self.trace is not None:
+            self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
         if record.kind == "prefill" and not self._first_prompt_done():
             self.first_prompt.append(record)
         if record.mode == STREAMS_MODE:

@@ -13,7 +13,7 @@ PACKAGES = ("testbed", "agents", "netem", "dashboards")
 LAYERS = (
     (0, ("testbed.core",)),
     (1, ("agents", "netem")),
-    (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.predict",
+    (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.trace", "testbed.predict",
          "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
          "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
          "testbed.decode_rules", "testbed.schedule", "testbed.collector",

@@ -14,6 +14,7 @@ from typing import Any, Final
 from testbed.core.errors import ConfigError
 from testbed.report import runs
 from testbed.report.figures import plot_spec, plot_wall
+from testbed.report.timeline import Timeline, parse_timeline, plot_timeline, timeline_markdown
 from testbed.studies import STUDIES
 from testbed.studies.base import Figure, ReportPart
 
@@ -24,6 +25,8 @@ RUN_FIGURES: Final = (
     Figure("fig1_wall.png", lambda items, path: plot_wall([item.summary for item in items], path)),
     Figure("fig2_spec.png", lambda items, path: plot_spec([item.summary for item in items], path),
            lambda items: any(item.summary.is_speculative for item in items)))
+TRACE_KEY: Final = "traceEvents"  # a JSON object with it is a --trace timeline (testbed.trace)
+TIMELINE_FIGURE: Final = Figure("timeline.png", plot_timeline)
 
 
 def report_parts() -> dict[str, ReportPart]:
@@ -37,17 +40,21 @@ class Inputs:
 
     runs: list[runs.SourcedSummary] = field(default_factory=list)
     studies: dict[str, list[Any]] = field(default_factory=lambda: {name: [] for name in report_parts()})
+    timelines: list[Timeline] = field(default_factory=list)
 
     def of(self, study: str) -> list[Any]:
         return self.studies[study]
 
     def __bool__(self) -> bool:
-        return bool(self.runs) or any(self.studies.values())
+        return bool(self.runs) or any(self.studies.values()) or bool(self.timelines)
 
 
 def _parse(data: Any, source: str, inputs: Inputs) -> None:
     """One JSON object into `inputs`, told apart by the first report part whose key it has; anything else must be a
     run summary."""
+    if isinstance(data, dict) and TRACE_KEY in data:
+        inputs.timelines.append(parse_timeline(data, source))
+        return
     if isinstance(data, dict):
         for name, part in report_parts().items():
             if part.key in data:
@@ -100,12 +107,16 @@ def render_markdown(inputs: Inputs, figures: list[str]) -> str:
     parts = report_parts()
     counts = [f"{len(inputs.runs)} run summaries"] + [f"{len(inputs.of(name))} {part.noun}"
                                                       for name, part in parts.items()]
+    if inputs.timelines:
+        counts.append(f"{len(inputs.timelines)} timelines")
     lines = ["# geo-ring report", "", ", ".join(counts) + ". " + runs.PREAMBLE, "",
              *(f"![{Path(name).stem}]({name})" for name in figures)]
     lines += runs.run_markdown(inputs.runs)
     for name, part in parts.items():
         if inputs.of(name):
             lines += ["", f"## {part.title}", "", *part.markdown(inputs.of(name))]
+    if inputs.timelines:
+        lines += ["", "## Timeline", "", *timeline_markdown(inputs.timelines)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -114,6 +125,7 @@ def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = [(figure, inputs.runs) for figure in RUN_FIGURES]
     drawn += [(figure, inputs.of(name)) for name, part in report_parts().items() for figure in part.figures]
+    drawn.append((TIMELINE_FIGURE, inputs.timelines))
     written: list[Path] = []
     for figure, items in drawn:
         if items and figure.wanted(items):
@@ -126,14 +138,15 @@ def write_report(inputs: Inputs, out_dir: Path) -> list[Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     parts = report_parts()
-    figures = [figure.name for figure in RUN_FIGURES] + [f.name for part in parts.values() for f in part.figures]
+    figures = ([figure.name for figure in RUN_FIGURES] + [f.name for part in parts.values() for f in part.figures]
+               + [TIMELINE_FIGURE.name])
     parser = argparse.ArgumentParser(
         prog="testbed report",
         description=f"Figures ({', '.join(figures)}) and report.md of measured vs predicted from run summaries and "
                     f"the results of {', '.join(parts)}.")
     parser.add_argument("results", nargs="+", metavar="RESULTS",
-                        help="JSON run summaries or study results (--json of " + ", ".join(parts) + "; one object "
-                             "or a list per file) or directories of *.json")
+                        help="JSON run summaries, study results (--json of " + ", ".join(parts) + "; one object "
+                             "or a list per file) or --trace timelines, or directories of *.json")
     parser.add_argument("--out", default=DEFAULT_OUT_DIR, metavar="DIR",
                         help=f"output directory (default: {DEFAULT_OUT_DIR})")
     return parser

@@ -24,6 +24,7 @@ from netem.select import kinds as shaper_kinds
 from testbed.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
 from testbed.dilation import parse_dilation
+from testbed.trace import tracing
 
 TABLE_WIDTH = 160  # a study's tables print at least this wide (a piped console is 80 wide and would fold them)
 
@@ -69,12 +70,20 @@ class Study:
         parser = parser or argparse.ArgumentParser(prog=f"python -m testbed {self.name}", description=self.help)
         if self.scenario:
             add_run_options(parser)
+            add_trace_option(parser)
         self.options(parser)
         parser.set_defaults(**dict(self.defaults))
         return parser
 
+    def measure(self, args: argparse.Namespace, console: Console) -> Any:
+        """run(args, console), every run's laps in the --trace timeline when one is asked for."""
+        with tracing(getattr(args, "trace", None)):
+            return self.run(args, console)
+
     def main(self, args: argparse.Namespace, console: Console) -> int:
-        self.show(self.run(args, console), args, console)
+        self.show(self.measure(args, console), args, console)
+        if getattr(args, "trace", None):
+            console.print(f"Trace (Perfetto, chrome://tracing): {args.trace}")
         return 0
 
 
@@ -100,6 +109,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              "lap, within a run-time budget; 1 = off)")
     parser.add_argument("--compensate", action="store_true",
                         help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
+
+
+def add_trace_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", metavar="PATH",
+                        help="write every lap of every run as a Chrome trace-event timeline (Perfetto, "
+                             "chrome://tracing; testbed.trace): a track per stage and per link")
 
 
 def int_list(text: str) -> list[int]:
