@@ -60,9 +60,7 @@ def _title_bar(summary: RunSummary | None, width: int) -> Text:
     title.append(" phase ")
     title.append(phase, style=PHASE_STYLES.get(phase, "bold yellow"))
     title.append("  shaper ")
-    title.append(summary.shaper if summary is not None else "?", style="bold")
-    if summary is not None and summary.shaper_reason:
-        title.append(f" ({summary.shaper_reason})")
+    title.append(summary.shaper if summary is not None else "?", style="bold")  # why: said once, before the run
     if summary is not None and summary.dilation is not None:  # every figure below is in scenario time
         title.append("  dilation ")
         title.append(f"x{summary.dilation.factor:g}", style="bold")

@@ -64,7 +64,8 @@ class Shaper(abc.ABC):
     """
 
     name: str = "abstract"
-    reason: str = ""  # why this backend was chosen (printed by the launcher)
+    reason: str = ""  # why this backend was chosen, in one plain line (printed by the launcher)
+    probe: str = ""  # what the capability probe found, step by step, when one ran (--verbose; shaper_facts)
     # A simulated backend (netem.virtual) sets `transport` (testbed.core.transport: how its agents listen and dial) and
     # its `clock`: the launcher then runs the agents as tasks in its own process, on simulated time.
     transport = None
@@ -120,7 +121,7 @@ class Shaper(abc.ABC):
 
     def describe(self) -> dict:
         """Facts for the JSON summary (backend-specific extras welcome)."""
-        return {"backend": self.name, "reason": self.reason}
+        return {"backend": self.name, "reason": self.reason, **({"probe": self.probe} if self.probe else {})}
 
     async def __aenter__(self) -> "Shaper":
         try:

@@ -288,8 +288,7 @@ class KernelShaper(Shaper):
                 "kernel_delay_us": got.get("delay_us"),
             })
         return {
-            "backend": self.name,
-            "reason": self.reason,
+            **super().describe(),
             "prefix": self.plan.prefix,
             "namespaces": [ns.name for ns in self.plan.namespaces],
             "kernel": os.uname().release,

@@ -35,6 +35,19 @@ class Capabilities:
     def netem_ready(self) -> bool:
         return self.has_cap_net_admin and self.has_netns and self.has_veth and self.has_netem
 
+    def plain(self) -> str:
+        """What keeps the kernel backend out, in plain words, with the one thing a user can do about it (the
+        probe's every step is in `detail`)."""
+        if not self.has_cap_net_admin:
+            return "not root, so no network namespaces or qdiscs (run as root to shape with netem)"
+        if not self.has_netns:
+            return "this kernel has no network namespaces (netem needs a kernel with CONFIG_NET_NS)"
+        if not self.has_veth:
+            return "this kernel has no veth links (modprobe veth, or use a kernel with CONFIG_VETH)"
+        if not self.has_netem:
+            return "this kernel has no sch_netem (modprobe sch_netem; make test-netem runs netem in user-mode-linux)"
+        return "root, netns, veth and sch_netem available"
+
     def missing(self) -> list[str]:
         """The missing pieces, in the order a user must fix them."""
         out = []

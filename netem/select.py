@@ -22,15 +22,8 @@ from testbed.core.errors import ShapingError
 from testbed.core.records import LinkSpec
 
 def _missing_reason(caps: Capabilities) -> str:
-    if not caps.has_cap_net_admin:
-        what = "not root (no CAP_NET_ADMIN)"
-    elif not caps.has_netns:
-        what = "network namespaces unavailable"
-    elif not caps.has_veth:
-        what = "no veth support in this kernel"
-    else:
-        what = "sch_netem not available in this kernel"
-    return f"{what} ({caps.detail})"
+    """The plain reason and the probe's every step (for errors, where the steps help)."""
+    return f"{caps.plain()} (probe: {caps.detail})"
 
 
 def _kernel(links: list[LinkSpec], n_stages: int, run_id: str, reason: str, options: ShaperOptions) -> Shaper:
@@ -109,8 +102,12 @@ def choose_shaper(kind: str, links: list[LinkSpec], n_stages: int, run_id: str, 
         return backend.build(links, n_stages, run_id, backend.requested, options)
     caps = probe_fn()
     if caps.netem_ready:
-        return _kernel(links, n_stages, run_id, "netem: auto; root, netns, veth and sch_netem available", options)
-    return _userspace(links, n_stages, run_id, f"netem: {_missing_reason(caps)}; using userspace relay", options)
+        shaper = _kernel(links, n_stages, run_id, "auto: root, netns, veth and sch_netem available", options)
+    else:
+        shaper = _userspace(links, n_stages, run_id, f"auto: the userspace relay shapes the links; netem cannot: "
+                                                     f"{caps.plain()}", options)
+    shaper.probe = caps.detail  # the probe's every step: --verbose and the JSON's shaper_facts carry it
+    return shaper
 
 
 def plan_lines(kind: str, links: list[LinkSpec], n_stages: int, run_id: str,

@@ -4,6 +4,7 @@ layer over testbed.api."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import trio
@@ -74,8 +75,11 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                                              calibrations=calibrations)
             dilated = (f" Dilation: [bold]x{dilation.factor:g}[/bold] ("
                        f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason})." if dilation else "")
+            why = f" ({escape(shaper.reason)})" if i == 0 else ""  # the reason is said once, in the first phase
             console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
-                          f"Shaper: [bold]{shaper.name}[/bold] ({shaper.reason}).{dilated}")
+                          f"Shaper: [bold]{shaper.name}[/bold]{why}.{dilated}")
+            if verbose and shaper.probe and i == 0:
+                console.print(f"  probe: {escape(shaper.probe)}")
             if i > 0:
                 logs[-1].close()
                 logs.append(RunLog(scenario, metrics_url=url, lap_log=lap_log))
@@ -214,9 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OFF_TTY_WIDTH = 240  # a pipe, a file, CI: tables take the width their content needs (up to this); lines never fold
+
+
+def make_console() -> Console:
+    """The terminal's width on a terminal; off one (rich would assume 80 columns and fold every table and cut its
+    title) wide enough for any table, with lines unwrapped, unless COLUMNS says otherwise."""
+    console = Console()
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return console
+    return Console(width=OFF_TTY_WIDTH, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = make_console()
     try:
         return args.func(args, console)
     except BaseException as exc:  # noqa: BLE001 - sorted into our own errors below, anything else re-raised

@@ -31,6 +31,7 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "draft_ms": ("number", (0.0, 60_000.0), True),
     "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
     "rounds_per_k": ("int", (1, 100_000), False),
+    "min_rounds": ("int", (0, 100_000), False),
     "tree_n": ("int", (1, MAX_TREE), False),
     "tree_k": ("int", (1, 64), False),
     "tree_depth": ("int", (1, 64), False),

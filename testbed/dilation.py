@@ -72,9 +72,10 @@ def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
 
 
 def planned_laps(scenario: Scenario) -> int:
-    """Decode laps the run will take at most (one token a lap; a K sweep runs its rounds)."""
+    """Decode laps the run will take at most (one token a lap, at least min_rounds; a K sweep runs its rounds)."""
     decode = scenario.decode
-    return max(1, decode.rounds_per_k * len(decode.k_sweep) if decode.k_sweep else decode.tokens)
+    return max(1, decode.rounds_per_k * len(decode.k_sweep) if decode.k_sweep else max(decode.tokens,
+                                                                                      decode.min_rounds))
 
 
 def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S) -> float:

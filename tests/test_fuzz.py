@@ -140,7 +140,7 @@ def dump_toml(raw: dict) -> str:
 def plan(argv: list[str]) -> tuple[int, str]:
     """`python -m testbed plan ARGV` in this process: its exit status and what it printed (one line per message)."""
     out = io.StringIO()
-    with mock.patch.object(cli, "Console", lambda: Console(file=out, width=100_000, color_system=None)):
+    with mock.patch.object(cli, "make_console", lambda: Console(file=out, width=100_000, color_system=None)):
         try:
             rc = cli.main(["plan", *argv, "--shaper", "userspace", "--dilation", "1"])
         except SystemExit as exc:  # argparse: a usage error

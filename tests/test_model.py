@@ -15,6 +15,7 @@ import agents.train as train
 from agents.corpus import KINDS, build_corpus
 from agents.model import GPT, GPTConfig, KVCache, decode, encode
 from agents.measure import generate
+from testbed.core.decode import DecodeConfig
 
 TINY = GPTConfig(vocab_size=64, block_size=32, n_layer=6, n_head=2, n_embd=16)
 STAGES = [(0, 2), (2, 4), (4, 6)]
@@ -299,8 +300,9 @@ def longest_run(ids: list[int]) -> int:
 
 
 # Greedy from here writes code (`self.__class__(self, default)` ...); right after a bare indentation, e.g.
-# "def main():\n    ", these tiny byte models still emit a run of spaces (see README, The models).
-CODE_PROMPT = "    def __repr__(self):\n        return "
+# "def main():\n    ", these tiny byte models still emit a run of spaces (see README, The models). It is the
+# default prompt of a scenario that names none: this test holds the default to it.
+CODE_PROMPT = DecodeConfig().prompt
 
 
 @pytest.mark.parametrize("name", ["target", "target-deep"])

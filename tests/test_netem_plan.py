@@ -256,7 +256,7 @@ def test_relay_plan_lines_show_each_link_and_the_rto():
 
     backend, lines = plan_lines("auto", PLAN_LINKS, 3, "abcdef12", ShaperOptions(loss_rto_ms=250.0),
                                 probe_fn=_no_netem)
-    assert backend == "userspace" and lines[0].startswith("# backend userspace: netem: ")
+    assert backend == "userspace" and lines[0].startswith("# backend userspace: auto: the userspace relay shapes the links; netem cannot: ")
     relay_lines = lines[1:]
     assert len(relay_lines) == len(PLAN_LINKS)
     for link, line in zip(sorted(PLAN_LINKS, key=lambda l: (l.src, l.dst)), relay_lines):

@@ -19,10 +19,13 @@ NO_VETH = Capabilities(True, True, False, False, "veth: no (EOPNOTSUPP)")
 ALL = Capabilities(True, True, True, True, "CAP_NET_ADMIN: yes; netns: yes; veth: yes; sch_netem: yes")
 
 
-def test_auto_without_netem_picks_userspace_and_says_why():
+def test_auto_without_netem_picks_userspace_and_says_why_once_in_plain_words():
     shaper = choose_shaper("auto", LINKS, 2, "abcdef00", probe_fn=lambda: NO_NETEM)
     assert shaper.name == "userspace"
-    assert "sch_netem" in shaper.reason and "userspace" in shaper.reason
+    assert shaper.reason == ("auto: the userspace relay shapes the links; netem cannot: this kernel has no sch_netem "
+                             "(modprobe sch_netem; make test-netem runs netem in user-mode-linux)")
+    assert shaper.probe == NO_NETEM.detail and shaper.describe()["probe"] == NO_NETEM.detail  # the JSON has it all
+    assert shaper.reason.count("(") == 1 and "NetlinkError" not in shaper.reason
 
 
 def test_auto_with_netem_picks_the_kernel_backend():
@@ -58,7 +61,7 @@ def test_real_probe_on_this_machine_is_consistent():
     if caps.netem_ready:
         assert shaper.name == "netem"
     else:
-        assert shaper.name == "userspace" and shaper.reason.startswith("netem: ")
+        assert shaper.name == "userspace" and shaper.reason.startswith("auto: the userspace relay")
         with pytest.raises(ShapingError, match=caps.missing()[0].split()[0]):
             choose_shaper("netem", LINKS, 2, "abcdef00", probe_fn=lambda: caps)
 

@@ -83,3 +83,15 @@ def test_k_sweep_peaks_where_the_formula_says():
     k_star, _ = physics.best_k(0.5, 0.004, scenario.emulated_compute_s, scenario.t_ring_s, 6)
     assert k_star == 3
     assert abs(spec.k_star_measured - k_star) <= 1, spec.per_k
+
+
+def test_min_rounds_runs_that_many_rounds_however_few_tokens_they_take():
+    """decode.min_rounds (the geo ring's 40: K = "auto" and the rate settle): the rounds run past decode.tokens,
+    and the rate still meets the formula over all of them."""
+    s = run(ring_scenario(LONG_RING_MS, compute_ms=STAGE_MS, tokens=4, mode="speculative", k="auto",
+                          draft="calibrated", alpha=ALPHA, draft_ms=DRAFT_MS, min_rounds=25))
+    assert s.spec.rounds == 25 and s.tokens > 25  # each round gives >= 1 token; 4 tokens alone end in <= 4
+    round_s = s.spec.draft_s + s.spec.verify_compute_s + s.t_ring_s
+    assert s.measured_tok_s == pytest.approx(s.spec.gamma_measured / round_s, rel=rate_tolerance(s.stages, round_s))
+    assert run(ring_scenario(LONG_RING_MS, compute_ms=STAGE_MS, tokens=4, mode="speculative", k=2, draft="calibrated",
+                             alpha=ALPHA, draft_ms=DRAFT_MS)).spec.rounds <= 4

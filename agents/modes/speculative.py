@@ -235,7 +235,8 @@ def k_schedule(config: DecodeConfig) -> Callable[[int, KChooser], int | None]:
 class SpeculativeMode:
     """The entry node's decode loop with speculation; lap records carry the per-round figures in `extra`.
 
-    Ends after config.tokens tokens, or, for a K sweep, after the last K's rounds.
+    Ends after config.tokens tokens and at least config.min_rounds rounds, or, for a K sweep, after the last K's
+    rounds.
     """
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
@@ -298,7 +299,7 @@ class SpeculativeMode:
         sweeping = bool(config.k_sweep)
         await self.restart(prompt, 0)
         round_no = 0
-        while sweeping or self.generated < config.tokens:
+        while sweeping or self.generated < config.tokens or round_no < config.min_rounds:
             k = next_k(round_no, self.chooser)
             if k is None:
                 break

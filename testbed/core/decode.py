@@ -20,7 +20,7 @@ class DecodeConfig(JsonRecord):
 
     mode: str = "plain"  # a key of MODES
     tokens: int = 32  # per stream
-    prompt: str = "def main():\n    "
+    prompt: str = "    def __repr__(self):\n        return "  # one the shipped models continue greedily (README)
     prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.prompts), not `prompt`
     prefill_chunk: int = 0  # > 0: plain decode prefills the prompt in chunks of this many tokens, pipelined
     streams: int = 1  # sequences in flight (the streams mode); each stage keeps one KV cache per stream
@@ -34,6 +34,9 @@ class DecodeConfig(JsonRecord):
     draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
     k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
     rounds_per_k: int = 30
+    # speculation: at least this many rounds, however few tokens they take (0: decode.tokens alone ends the run);
+    # the geo ring asks for enough rounds that K = "auto" and the rate settle (testbed/scenarios/geo-ring.toml)
+    min_rounds: int = 0
     tree_n: int = 16  # tree speculation: nodes drafted per round (agents.modes.tree)
     tree_k: int = 4  # candidates per expanded node, and nodes added per best-first step
     tree_depth: int = 8  # deepest node
