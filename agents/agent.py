@@ -1,6 +1,7 @@
 """The agent process: one pipeline stage serving hidden-state frames around the ring (Trio).
 
-Started by the launcher as ``python -m agents.agent --spec JSON --control-fd FD`` (JSON: an AgentSpec).
+Forked by the launcher's fork server (agents.forkserver), or started as ``python -m agents.agent --spec JSON
+--control-fd FD`` (JSON: an AgentSpec); either way it runs `run_process`.
 
 Launcher -> agent, JSON lines on stdin:
     {"cmd": "connect", "peers": {"DST": [host, port], ...}}   every directed link out of this stage
@@ -193,17 +194,14 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
         nursery.cancel_scope.cancel()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.agent")
-    parser.add_argument("--spec", required=True, help="AgentSpec as JSON")
-    parser.add_argument("--control-fd", type=int, required=True)
-    args = parser.parse_args(argv)
-    spec = AgentSpec.from_json(args.spec)
+def run_process(spec: AgentSpec, control_fd: int) -> int:
+    """This process as agent `spec` until its end: its exit status. Commands come on stdin (fd 0), events go to
+    `control_fd`, its words to stderr. Entered by `main` (a fresh process) or by a child of the fork server."""
     # No PR_SET_PDEATHSIG: Trio forks from a worker thread, and that signal fires when the forking *thread*
     # exits. Orphans are prevented by the stdin pipe instead: when the launcher dies, stdin hits EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides how we stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    control = Control.from_fd(args.control_fd)
+    control = Control.from_fd(control_fd)
     try:
         trio.run(agent_main, spec, control, trio.lowlevel.FdStream(os.dup(0)))
     except BaseException as exc:  # noqa: BLE001 - our own errors are reported, anything else re-raised
@@ -211,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agents.agent")
+    parser.add_argument("--spec", required=True, help="AgentSpec as JSON")
+    parser.add_argument("--control-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    return run_process(AgentSpec.from_json(args.spec), args.control_fd)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ class Shaper(abc.ABC):
     Life cycle, driven by the launcher::
 
         async with shaper:                       # __aenter__ -> setup(); __aexit__ -> aclose()
-            prefix = shaper.agent_command_prefix(stage)    # how to start agent `stage`
+            netns  = shaper.agent_netns(stage)             # where agent `stage` runs (forked into it), or
+            prefix = shaper.agent_command_prefix(stage)    # how to start it as a fresh process there
             host   = shaper.agent_listen_host(stage)       # where agent `stage` binds (port 0 is fine)
             ...agents start and report their bound (host, port)...
             peers  = await shaper.connect(listen)          # {(src, dst): address src dials to reach dst}
@@ -92,6 +93,11 @@ class Shaper(abc.ABC):
     def agent_command_prefix(self, stage: int) -> list[str]:
         """argv prefix that runs a command where agent `stage` lives (e.g. inside its namespace)."""
         return []
+
+    def agent_netns(self, stage: int) -> str | None:
+        """The network namespace (its path) agent `stage` runs in, entered by a forked agent (agents.forkserver);
+        None: the launcher's own."""
+        return None
 
     def agent_listen_host(self, stage: int) -> str:
         """The host address agent `stage` should bind its listener to."""

@@ -5,6 +5,7 @@ Life cycle (see netem/base.py)::
     shaper = KernelShaper(links, n_stages, run_id)     # plans (pure, validates input)
     shaper.plan_lines()                                 # the same plan as ip/tc commands, applies nothing
     async with shaper:                                  # namespaces, veths, addresses, sysctls, netem
+        shaper.agent_netns(stage)                       # the fork server's child enters it (setns), or
         argv = shaper.agent_command_prefix(stage) + [sys.executable, "-m", "agents.agent", ...]
         ...                                             # agents bind 0.0.0.0:0 in their namespace
         peers = await shaper.connect(listen)            # {(src, dst): (dst's address on the pair, port)}
@@ -183,6 +184,11 @@ class KernelShaper(Shaper):
     def agent_command_prefix(self, stage: int) -> list[str]:
         # `ip netns exec` keeps the environment and inherited fds (pass_fds) and execs the command
         return [self._ip, "netns", "exec", self.plan.namespace(self._stage(stage))]
+
+    def agent_netns(self, stage: int) -> str:
+        from pyroute2 import netns
+
+        return os.path.join(netns.NETNS_RUN_DIR, self.plan.namespace(self._stage(stage)))
 
     def agent_listen_host(self, stage: int) -> str:
         self._stage(stage)

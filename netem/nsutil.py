@@ -7,7 +7,6 @@ must be made inside it), so netem's rate and limit see wire-sized packets, not 6
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import threading
@@ -18,17 +17,14 @@ from pyroute2.netlink.rtnl import rt_proto, rt_scope
 from netem.netlink import ipr_in, link_index, translate
 from netem.plan import INITIAL_WINDOW_SEGMENTS, VethPlan, is_testbed_name
 from testbed.core.errors import ShapingError
+from testbed.core.process import enter_netns
 
-CLONE_NEWNET = 0x40000000  # include/uapi/linux/sched.h; os.setns and os.CLONE_NEWNET arrive in Python 3.12
 # ethtool's short names -> the long names pyroute2's IoctlEthtool knows them by
 OFFLOAD_NAMES = {"tso": "tcp-segmentation-offload", "gso": "generic-segmentation-offload",
                  "gro": "generic-receive-offload"}
 OFFLOADS_OFF = tuple(OFFLOAD_NAMES)
 PAIR_ROUTE_SCOPE = rt_scope["link"]  # what the kernel gives a connected route
 PAIR_ROUTE_PROTOCOL = rt_proto["kernel"]
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
 
 # ----------------------------------------------------------------------------------------------------
 # running a few syscalls inside a namespace (sysctl files, ethtool ioctls)
@@ -42,13 +38,7 @@ def in_namespace(namespace: str, fn: Callable[[], Any]) -> Any:
 
     def target() -> None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({path}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            enter_netns(path)
             box["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc

@@ -37,6 +37,7 @@ from netem.base import DEFAULT_LOSS_RTO_MS, Shaper, ShaperOptions
 from testbed.core import clock
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.errors import ShapingError
+from testbed.core.process import stop_process
 from testbed.core.records import Address, LinkSpec, mbit_to_bytes_s
 
 RELAY_CHUNK = 256 * 1024
@@ -334,24 +335,6 @@ def describe_timing(link: LinkSpec, rto_ms: float) -> str:
     else:
         parts.append("rate unlimited (no serialization)")
     return ", ".join(parts)
-
-
-async def stop_process(process: trio.Process, grace_s: float) -> None:
-    """Close stdin, then SIGTERM, then SIGKILL: a child is always reaped within ~2 x grace_s."""
-    if process.stdin is not None:
-        await trio.aclose_forcefully(process.stdin)
-    with trio.move_on_after(grace_s / 2):
-        await process.wait()
-    if process.poll() is None:
-        process.terminate()
-        with trio.move_on_after(grace_s):
-            await process.wait()
-    if process.poll() is None:
-        process.kill()
-        await process.wait()
-    for pipe in (process.stdout, process.stderr):
-        if pipe is not None:
-            await trio.aclose_forcefully(pipe)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ from typing import Callable
 import trio
 
 from agents.agent import AgentSpec
+from agents.forkserver.client import ForkServer
 from netem.base import Shaper
-from netem.userspace import stop_process
+from testbed.core.process import stop_process
 from testbed.config import Scenario, split_layers
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import MODES
@@ -33,6 +34,7 @@ READY_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.8  # Ctrl-C / failure: every child is gone within ~2 x this
 STDERR_TAIL_LINES = 40
+FORK_SERVER_ENV = "GEO_RING_FORK_SERVER"  # "0": start every agent as a fresh process (python -m agents.agent)
 EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Group)\b.*")  # "trio.BrokenResourceError: ..."
 
 
@@ -63,8 +65,15 @@ class Launcher:
     """Runs one scenario. `runlog` fills while `run()` is in progress (the dashboard and exporter read it)."""
 
     def __init__(self, scenario: Scenario, shaper: Shaper, runlog: RunLog, *, log: Callable[[str], None] | None = None,
-                 echo_agent_stderr: bool = False, dilation: DilationSummary | None = None) -> None:
+                 echo_agent_stderr: bool = False, dilation: DilationSummary | None = None,
+                 fork_server: bool | None = None) -> None:
         self.scenario = scenario
+        # Agents forked from one process that imported torch and loaded the weights (agents.forkserver), unless
+        # fork_server=False or GEO_RING_FORK_SERVER=0: then each is a fresh `python -m agents.agent`.
+        self.fork_server = os.environ.get(FORK_SERVER_ENV, "1") != "0" if fork_server is None else fork_server
+        self.forks: ForkServer | None = None
+        self.requested_at: dict[int, float] = {}  # stage -> when the launcher asked for its agent
+        self.ready_s: dict[int, float] = {}  # stage -> request to "listening" (bench section 7)
         # Under time dilation the agents and the shaper run `physical`; lap records come back in scenario time.
         self.dilation = dilation or DilationSummary()
         self.physical = box_scenario(scenario, dilation)
@@ -111,6 +120,14 @@ class Launcher:
             agent = TaskAgent(spec, self.shaper.transport, self.shaper.clock)
             nursery.start_soon(agent.run)
             return agent, agent.control  # type: ignore[return-value]
+        if self.fork_server:
+            if self.forks is None:
+                self.forks = await ForkServer.start(nursery, self._preload(), timeout_s=STARTUP_TIMEOUT_S,
+                                                    run_id=self.shaper.run_id, on_stderr=self._echo("fork server"))
+            title = f"geo-ring agent {spec.stage} {spec.name} (run {self.shaper.run_id})"
+            self.requested_at[spec.stage] = self.clock.now()  # after the server's own start
+            return await self.forks.spawn(spec.to_json(), netns=self.shaper.agent_netns(spec.stage), title=title)
+        self.requested_at[spec.stage] = self.clock.now()
         read_fd, write_fd = os.pipe()
         argv = self.shaper.agent_command_prefix(spec.stage) + [
             sys.executable, "-m", "agents.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)]
@@ -125,6 +142,14 @@ class Launcher:
             os.close(write_fd)
         return process, trio.lowlevel.FdStream(read_fd)
 
+    def _preload(self) -> list[str]:
+        """The models the fork server loads for every agent to share: the scenario's and a drafter's."""
+        sc = self.physical
+        return sorted({sc.model, "draft", *(("target",) if sc.decode.draft == "calibrated" else ())})
+
+    def _echo(self, who: str) -> Callable[[str], None]:
+        return (lambda line: self.log(f"[{who}] {line}")) if self.echo_agent_stderr else (lambda line: None)
+
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
         process, control = await self._spawn(nursery, spec)
         handle = AgentHandle(spec.stage, spec.name, process, control)
@@ -136,6 +161,8 @@ class Launcher:
             except json.JSONDecodeError:
                 handle.stderr_tail.append(f"(bad control line) {line}")
                 return
+            if event.get("event") == "listening" and handle.stage in self.requested_at:
+                self.ready_s[handle.stage] = self.clock.now() - self.requested_at[handle.stage]
             if event.get("event") == "finished":  # set here, before supervise() can see the exit
                 handle.finished = True
                 return
@@ -318,6 +345,8 @@ class Launcher:
                         nursery.start_soon(stop_process, handle.process, STOP_GRACE_S)
             for handle in self.agents:
                 await trio.aclose_forcefully(handle.control)
+            if self.forks is not None:  # its agents are gone: it exits on EOF
+                await self.forks.aclose(STOP_GRACE_S)
 
 
 def new_run_id() -> str:

@@ -110,7 +110,9 @@ def assert_nothing_left(hosts: Hosts) -> None:
 def wait_for_agents(hosts: Hosts, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all(any("agents.agent" in cmd for cmd in hosts.processes(i).values()) for i in range(hosts.n)):
+        # a forked agent's title (agents.forkserver), or a fresh one's command line (GEO_RING_FORK_SERVER=0)
+        if all(any(cmd.startswith("geo-ring agent ") or "agents.agent" in cmd for cmd in hosts.processes(i).values())
+               for i in range(hosts.n)):
             return
         time.sleep(0.2)
     raise AssertionError("the agents did not start")

@@ -3,9 +3,9 @@
 Each case drives the real command line (`python -m testbed run SCENARIO --shaper netem --no-dashboard
 --metrics-port 0`) as a subprocess and looks at the kernel with iproute2 (`ip netns list`, `ip -o
 link`) and at the process table (`pgrep -f` on a token that only this test's stage names carry: an
-agent's command line holds its own stage name in its --spec JSON). The run's prefix is learnt by
+agent's process title holds its own stage name: "geo-ring agent 1 NAME (run ID)"). The run's prefix is learnt by
 watching /run/netns for new testbed namespaces while the run starts (then confirmed with `ip netns
-list`); "mid-run" means the exporter (--metrics-port 0, address read from the output) counts decode laps.
+list`); the agents' fork server is their parent (agents.forkserver), seen mid-run; "mid-run" means the exporter (--metrics-port 0, address read from the output) counts decode laps.
 
 Needs root and a kernel with sch_netem; skipped otherwise (with the probe's reason). On a kernel
 without netem, run it inside user-mode-linux:
@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from netem.plan import is_testbed_name
+from tests.procutil import cmdline, parent_of, running
 
 pytestmark = [pytest.mark.netem, pytest.mark.usefixtures("netem_capable")]
 
@@ -125,6 +126,7 @@ class Run:
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=dict(os.environ, COLUMNS="200"))
         self.prefix = ""
+        self.server = 0  # the fork server's pid, once seen
 
     def agent_pids(self, stage: int | None = None) -> list[int]:
         return pids(self.token if stage is None else f"{self.token}{stage}")
@@ -156,7 +158,12 @@ class Run:
             return float(match.group(1)) if match else 0.0
 
         wait_for("decode laps", lambda: laps() >= 2, STARTUP_TIMEOUT_S, self.proc, self.log)
-        assert len(self.agent_pids()) == N_STAGES, self.agent_pids()
+        agents = self.agent_pids()
+        assert len(agents) == N_STAGES, agents
+        servers = {parent_of(pid) for pid in agents}
+        assert len(servers) == 1, servers  # one fork server forked them all
+        self.server = servers.pop()
+        assert cmdline(self.server).startswith("geo-ring fork server (run "), cmdline(self.server)
         print(f"decode laps running after {time.monotonic() - self.started:.1f} s")
 
     def wait(self) -> int:
@@ -172,13 +179,14 @@ class Run:
         assert namespaces(self.prefix) == [], tail(self.log)
         assert root_links(self.prefix) == []
         assert self.agent_pids() == [], "agent processes outlived the run"
+        assert not self.server or not running(self.server), "the fork server outlived the run"
 
     def kill_everything(self) -> None:
         """Test failure path: leave the box as we found it."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for pid in self.agent_pids():
+        for pid in self.agent_pids() + ([self.server] if self.server and running(self.server) else []):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -227,6 +235,7 @@ def test_killed_launcher_leaves_namespaces_that_clean_removes(new_run):
     assert namespaces(run.prefix) == names
     # the orphaned agents see EOF on stdin and exit by themselves
     wait_for("exit of the orphaned agents", lambda: not run.agent_pids(), AGENT_EXIT_TIMEOUT_S)
+    wait_for("exit of the fork server", lambda: not running(run.server), AGENT_EXIT_TIMEOUT_S)
     others = [n for n in namespaces() if not n.startswith(run.prefix)]
     command = [sys.executable, "-m", "testbed", "clean"]
     if others and not inside_uml():  # someone else's run on this box: remove only ours

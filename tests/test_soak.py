@@ -46,7 +46,7 @@ SUMMARY_COST_RATIO_BOUND = 1.6  # a summary at 10,000 laps over one at 3,000 (an
 
 def check(result: SoakResult) -> None:
     grown = {m.name: m.slope_mb_per_1000 for m in result.memory if m.name != LAUNCHER}
-    assert len(grown) == 4, grown  # three agents and the relay were sampled
+    assert len(grown) == 5, grown  # three agents, their fork server and the relay were sampled
     assert all(math.isfinite(s) and s < SLOPE_BOUND_MB_PER_1000 for s in grown.values()), grown
     assert result.launcher_objects_per_1000 < LEAK_OBJECTS_PER_1000, result.launcher_objects_per_1000
     assert result.last_tenth_tok_s > RATE_DROP_LIMIT * result.first_tenth_tok_s, result
@@ -71,7 +71,7 @@ def synthetic(leak_mb_per_1000: float = 0.0, leak_objects_per_lap: int = 0) -> S
     for laps in range(0, LAPS + 1, 20):
         wobble = 0.05 * math.sin(laps / 37)  # RSS moves a page or two either way
         rss = {LAUNCHER: 230 + per_record.bytes * laps / 2**20, "hong-kong": 243 + wobble, "dublin": 240 - wobble,
-               "new-york": 240 + leak_mb_per_1000 * laps / 1000, "relay": 26.0}
+               "new-york": 240 + leak_mb_per_1000 * laps / 1000, "fork server": 241.0, "relay": 26.0}
         samples.append(Sample(laps / 100, laps, laps, laps / 100, rss))
     warm, end = (Footprint(n, n, 50_000 + n * (per_record.tracked + leak_objects_per_lap), 0) for n in (500, 1900))
     return analyse(samples, [(500, 0.002, 0.007), (1900, 0.02, 0.007)], LAPS, 20.0, 150.0, per_record, warm, end)
@@ -100,7 +100,7 @@ def flat_synthetic(launcher_mb_per_1000: float) -> SoakResult:
     per_record = RecordCost(2000, 6)
     samples = [Sample(laps / 100, laps, laps, laps / 100,
                       {LAUNCHER: 230 + launcher_mb_per_1000 * laps / 1000, "hong-kong": 243.0, "dublin": 240.0,
-                       "new-york": 240.0, "relay": 26.0})
+                       "new-york": 240.0, "fork server": 241.0, "relay": 26.0})
                for laps in range(0, LAPS + 1, 20)]
     warm, end = Footprint(500, 400, 50_000, 0), Footprint(1900, 400, 50_000, 0)
     return analyse(samples, [(500, 0.002, 0.007), (1900, 0.002, 0.007)], LAPS, 20.0, 150.0, per_record, warm, end)

@@ -337,6 +337,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     if "virtual" in by_shaper:
         figures["against_virtual"] = against_virtual_table(console, by_shaper, VARIANTS_BY_SHAPER, VARIANTS)
     figures["launcher"] = launcher_cost_table(console)
+    from testbed.studies.bench.agents import agents_table
+    figures["agents"] = agents_table(console)
     figures["scale"] = scale_table(console, quick)
     figures["virtual_scale"] = virtual_scale_table(console, quick)
     from testbed.studies.bench.soak import soak_line

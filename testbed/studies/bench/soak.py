@@ -123,6 +123,9 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+FORK_SERVER = "fork server"
+
+
 def children_of(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -288,9 +291,11 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
     async def sample_memory() -> None:
         while True:
             pids = {LAUNCHER: me} | {handle.name: handle.process.pid for handle in launcher.agents}
+            if launcher.forks is not None:  # the agents' parent (agents.forkserver): its pages are theirs too
+                pids[FORK_SERVER] = launcher.forks.process.pid
             for child in children_of(me):
-                if child not in pids.values():
-                    pids["relay" if "relay" not in pids else f"child {child}"] = child
+                if child not in pids.values() and "relay" not in pids:
+                    pids["relay"] = child
             rss = {name: mb for name, pid in pids.items() if (mb := rss_mb(pid)) is not None}
             samples.append(Sample(time.monotonic(), runlog.decode_laps, runlog.decode_tokens, runlog.decode_wall_s,
                                   rss))
