@@ -9,7 +9,8 @@ import torch
 
 from agents.checkpoint import _threads
 from agents.corpus import KINDS
-from agents.model import GPT, KVCache, decode, encode
+from agents.configs import decode, encode
+from agents.model import GPT, KVCache
 
 DECODE_PREFILL = 128  # decode timing starts mid-context, as the ring does
 DECODE_STEPS = 64

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from agents.configs import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -77,23 +78,6 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), k_cache, v_cache, start, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 256  # one token per UTF-8 byte
-    block_size: int = 256  # max positions (learned position embedding)
-    n_layer: int = 6
-    n_head: int = 4
-    n_embd: int = 128
-    bias: bool = False  # biases in Linear and LayerNorm; without them the model is a little smaller and as good
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name}: expected a positive int, got {getattr(self, name)!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig.n_embd: expected a multiple of n_head={self.n_head}, got {self.n_embd}")
 
 
 class KVCache:
@@ -267,15 +251,6 @@ class GPT(nn.Module):
         x = self.embed(idx, 0)  # [B, T, C]
         x = self.run_layers(x, 0, self.config.n_layer)  # [B, T, C]
         return self.head(x)  # [B, T, V]
-
-
-def encode(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def decode(ids: list[int]) -> str:
-    # A byte-level model can stop mid-character; replace rather than fail on a partial sequence.
-    return bytes(ids).decode("utf-8", errors="replace")
 
 
 def tree_mask(parents: list[int], past: int) -> torch.Tensor:

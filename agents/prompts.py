@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import pathlib
 
-from agents.model import encode as encode_text
+from agents.configs import encode as encode_text
 from testbed.core.decode import DecodeConfig
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "model.py"

@@ -18,17 +18,12 @@ from torch.nn import functional as F
 from agents.checkpoint import _atomic_write, _load_state, _locked, _save_fp16, _sha256, _threads, _write_json
 from agents.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
 from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
-from agents.model import GPT, GPTConfig
+from agents.configs import DRAFT_CONFIG, MODEL_CONFIGS, GPTConfig
+from agents.model import GPT
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # bump when model.py computes something different, or the checkpoint or metadata layout changes
-TARGET_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=4, n_embd=128)
-# Two layers: a decode step costs what the embedding, head and per-op overheads cost, so width 96 is as cheap as 64.
-DRAFT_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=96)
-# For rings of up to 16 stages, one layer each; narrow, so that 16 layers cost about what the target costs.
-TARGET_DEEP_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=16, n_head=4, n_embd=64)
-MODEL_CONFIGS = {"target": TARGET_CONFIG, "draft": DRAFT_CONFIG, "target-deep": TARGET_DEEP_CONFIG}
 DEFAULT_CACHE_DIR = pathlib.Path(__file__).resolve().parents[1] / ".cache" / "models"
 CACHE_DIR_ENV = "GEO_RING_CACHE"
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"  # shipped with the package
@@ -236,14 +231,20 @@ def needs_training(cache_dir: pathlib.Path | None = None) -> bool:
     return read_shipped() is None and _read_meta(resolve_cache_dir(cache_dir), recipe_hash()) is None
 
 
-def ensure_trained(cache_dir: pathlib.Path | None = None) -> dict:
-    """Metadata of the weights load_model will use: the shipped ones, else the cache's, training them if needed."""
+def trained_meta(cache_dir: pathlib.Path | None = None) -> dict | None:
+    """Metadata of the weights load_model will use, if they exist: the shipped ones, else the cache's; None: they
+    must be trained first (ensure_trained)."""
     if (shipped := read_shipped()) is not None:
         return shipped
+    return _read_meta(resolve_cache_dir(cache_dir), recipe_hash())
+
+
+def ensure_trained(cache_dir: pathlib.Path | None = None) -> dict:
+    """Metadata of the weights load_model will use: the shipped ones, else the cache's, training them if needed."""
+    if (meta := trained_meta(cache_dir)) is not None:
+        return meta
     cache_dir = resolve_cache_dir(cache_dir)
     key = recipe_hash()
-    if (meta := _read_meta(cache_dir, key)) is not None:
-        return meta
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _locked(cache_dir / LOCK_FILE):
         # Whoever held the lock before us may just have trained the very same recipe.

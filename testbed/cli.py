@@ -137,7 +137,7 @@ def write_json(path: Path, summary: RunSummary) -> None:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     """What a run would set up, applied nowhere: the stage layout, then the shaper's commands or link timings."""
-    from agents.train import MODEL_CONFIGS
+    from agents.configs import MODEL_CONFIGS
     from netem.base import ShaperOptions
     from netem.select import plan_lines
     from testbed.config import split_layers

@@ -14,7 +14,7 @@ from typing import Callable
 
 import trio
 
-from agents.agent import AgentSpec
+from agents.spec import AgentSpec
 from agents.forkserver.client import ForkServer
 from netem.base import Shaper
 from testbed.core.process import stop_process
@@ -94,10 +94,9 @@ class Launcher:
         sc = self.physical
         ranges = split_layers(n_layers, sc.stages, sc.source)
         mode = MODES[sc.decode.mode]
-        runner = mode.runner
         tree_slots = sc.decode.tree_n + 1 if mode.tree_slots else 0
         stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
-                            compute_ms=st.compute_ms, decode=sc.decode, runner=runner, model=sc.model,
+                            compute_ms=st.compute_ms, decode=sc.decode, runner=mode.runner, model=sc.model,
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
@@ -123,7 +122,8 @@ class Launcher:
         if self.fork_server:
             if self.forks is None:
                 self.forks = await ForkServer.start(nursery, self._preload(), timeout_s=STARTUP_TIMEOUT_S,
-                                                    run_id=self.shaper.run_id, on_stderr=self._echo("fork server"))
+                                                    run_id=self.shaper.run_id, on_stderr=self._echo_server,
+                                                    log=self.log)
             title = f"geo-ring agent {spec.stage} {spec.name} (run {self.shaper.run_id})"
             self.requested_at[spec.stage] = self.clock.now()  # after the server's own start
             return await self.forks.spawn(spec.to_json(), netns=self.shaper.agent_netns(spec.stage), title=title)
@@ -142,13 +142,14 @@ class Launcher:
             os.close(write_fd)
         return process, trio.lowlevel.FdStream(read_fd)
 
+    def _echo_server(self, line: str) -> None:
+        if self.echo_agent_stderr:
+            self.log(f"[fork server] {line}")
+
     def _preload(self) -> list[str]:
         """The models the fork server loads for every agent to share: the scenario's and a drafter's."""
         sc = self.physical
         return sorted({sc.model, "draft", *(("target",) if sc.decode.draft == "calibrated" else ())})
-
-    def _echo(self, who: str) -> Callable[[str], None]:
-        return (lambda line: self.log(f"[{who}] {line}")) if self.echo_agent_stderr else (lambda line: None)
 
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
         process, control = await self._spawn(nursery, spec)
@@ -269,16 +270,17 @@ class Launcher:
             await self._run()
         return summarize(self.runlog)
 
-    @staticmethod
-    async def _train_once() -> None:
-        """Train here (only if the recipe changed since the weights were shipped), not in every agent at once; in
-        real time, before a simulated run starts (a thread's wait would let the simulated clock jump)."""
+    async def _train_once(self) -> None:
+        """Train (only if the recipe changed since the weights shipped) once, not in every agent; in real time,
+        before a simulated run starts. The fork server sees to it itself: this process never imports torch then."""
+        if self.fork_server and not self.shaper.in_process:
+            return
         from agents.train import ensure_trained
 
         await trio.to_thread.run_sync(ensure_trained)
 
     async def _run(self) -> None:
-        from agents.train import MODEL_CONFIGS
+        from agents.configs import MODEL_CONFIGS
 
         specs = self.agent_specs(MODEL_CONFIGS[self.scenario.model].n_layer)  # "target-deep": 16 layers
         self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.model import decode as decode_bytes
+from agents.configs import decode as decode_bytes
 from testbed.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from agents.model import decode as decode_bytes
+from agents.configs import decode as decode_bytes
 from testbed.core import physics
 from testbed.core.decode import MODES, resolve
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents.model import encode
+from agents.configs import encode
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig
 

@@ -122,6 +122,15 @@ def test_the_ground_floor_imports_nothing_heavy():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_real_time_launcher_imports_no_torch():
+    """Its agents compute, forked from the fork server; the launcher only starts them and reads their laps (torch
+    costs ~1 s and ~200 MB here, ~20 s inside user-mode-linux). The virtual backend imports it where it runs."""
+    code = ("import sys, testbed.cli, testbed.launcher, testbed.summarize, netem.select, dashboards.render; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_the_layer_check_catches_an_upward_import(tmp_path):
     assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.launcher") \
         < layer_of("dashboards.live") < layer_of("testbed.studies.faults.measure") < layer_of("testbed.report.build") \

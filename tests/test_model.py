@@ -13,7 +13,8 @@ import torch
 
 import agents.train as train
 from agents.corpus import KINDS, build_corpus
-from agents.model import GPT, GPTConfig, KVCache, decode, encode
+from agents.configs import GPTConfig, decode, encode
+from agents.model import GPT, KVCache
 from agents.measure import generate
 from testbed.core.decode import DecodeConfig
 

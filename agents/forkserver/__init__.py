@@ -12,7 +12,8 @@ The launcher's side is `client.ForkServer`; the protocol, its messages and limit
 Protocol: one SOCK_SEQPACKET Unix socket pair, one JSON message per packet.
     launcher -> server  {"op": "spawn", "id": N, "spec": AgentSpec JSON, "netns": PATH | null, "title": T}
                         + 3 descriptors: stdin (read end), control (write end), stderr (write end)
-    server -> launcher  {"op": "ready", "pid": P, "preload_s": S}                       once, after preloading
+    server -> launcher  {"op": "training"}   the recipe changed since the weights shipped: training first (no deadline)
+                        {"op": "ready", "pid": P, "preload_s": S}                       once, after preloading
                         {"op": "spawned", "id": N, "pid": P} + 1 descriptor: a pidfd of the agent
                         {"op": "failed", "id": N, "message": M}                         the fork did not happen
                         {"op": "exit", "pid": P, "status": S}   S as subprocess reports it (-signal if killed)

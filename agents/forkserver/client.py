@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import select
 import signal
@@ -88,12 +89,15 @@ class ForkServer:
         self.agents: dict[int, ForkedAgent] = {}
         self.closing = False
         self._serve_scope = trio.CancelScope()
+        self._starting = trio.CancelScope()  # the wait for "ready"
+        self.log: Callable[[str], None] = lambda message: None
         self.lost: str | None = None
         self._next_id = 0
 
     @classmethod
     async def start(cls, nursery: Any, models: list[str], *, timeout_s: float, run_id: str = "",
-                    on_stderr: Callable[[str], None] = lambda line: None) -> "ForkServer":
+                    on_stderr: Callable[[str], None] = lambda line: None,
+                    log: Callable[[str], None] = lambda message: None) -> "ForkServer":
         """Start the server in `nursery`'s lifetime and wait until it has preloaded `models`."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-m", "agents.forkserver", "--socket-fd", str(theirs.fileno()),
@@ -108,11 +112,14 @@ class ForkServer:
         finally:
             theirs.close()
         server = cls(process, trio.socket.from_stdlib_socket(ours), on_stderr)
+        server.log = log
         nursery.start_soon(server._read_stderr)
         nursery.start_soon(server._serve)
         try:
-            with trio.fail_after(timeout_s):
+            with trio.move_on_after(timeout_s) as server._starting:
                 await server.ready.wait()
+            if server._starting.cancelled_caught:
+                raise trio.TooSlowError
             if server.lost:
                 raise AgentFailed("fork server", server.lost)
         except BaseException as exc:
@@ -172,7 +179,11 @@ class ForkServer:
                 break
             message = decode(data)
             op = message["op"]
-            if op == "ready":
+            if op == "training":  # the recipe changed since the weights shipped: as long as that takes
+                self._starting.deadline = math.inf
+                self.log("the fork server is training the models first (the recipe changed since the weights were shipped; "
+                               "minutes on a small VM)")
+            elif op == "ready":
                 self.info = message
                 self.ready.set()
             elif op in ("spawned", "failed"):

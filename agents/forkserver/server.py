@@ -11,17 +11,30 @@ import select
 import selectors
 import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from agents.forkserver import (ANCILLARY_SPACE, FDS_PER_SPAWN, MAX_MESSAGE, PRELOAD_MODULES,
                                SHUTDOWN_GRACE_S, decode, fds_message, fds_of)
 from testbed.core.process import enter_netns
 
+
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def ensure_weights(announce: Callable[[], None]) -> None:
+    """Train the models first if the recipe changed since the weights were shipped (and the cache lacks them), in a
+    child process: training runs torch's thread pool, and a server with threads must not fork."""
+    from agents import train
+
+    if train.trained_meta() is not None:
+        return
+    announce()
+    subprocess.run([sys.executable, "-c", "from agents.train import ensure_trained; ensure_trained()"], check=True)
 
 
 def preload(models: list[str]) -> None:
@@ -73,6 +86,7 @@ class Server:
 
     def serve(self, models: list[str]) -> int:
         started = time.monotonic()
+        ensure_weights(lambda: self.send({"op": "training"}))
         preload(models)
         self.send({"op": "ready", "pid": os.getpid(), "preload_s": time.monotonic() - started})
         self.selector.register(self.sock, selectors.EVENT_READ, None)
