@@ -1,7 +1,7 @@
 """python -m testbed bench: relay precision, per-hop overhead vs raw sockets, Table 2 fidelity, launcher cost per lap.
 
-Targets: relay release error p99 <= 200 us; per-hop overhead <= 3x a raw blocking-socket loopback one-way
-transfer of the same payload; fidelity |measured/predicted - 1| <= 1% on every Table 2 row with time dilation
+Targets: relay release error p99 <= 100 us; per-hop overhead <= 2x a raw blocking-socket loopback one-way
+transfer of the same payload (section 2b takes one hop apart: what the relay and the agent's reader each add); fidelity |measured/predicted - 1| <= 1% on every Table 2 row with time dilation
 (auto) on the userspace relay, <= 3% on netem; per-hop p50 within 0.2 ms of configured; the launcher's CPU
 time per lap the same at 100 and at 10,000 laps (O(1) per lap). Fidelity is printed side by side for each row:
 undilated, dilated (auto), and dilated with base-path compensation. Last, the scale line: the most streams
@@ -36,8 +36,8 @@ RELAY_DELAYS_MS = (1, 2, 5, 10, 20, 50, 100)
 TABLE2_ROWS = ("table2-single-node", "table2-rack-lan", "table2-metro", "table2-regional", "table2-continental",
                "table2-two-continent", "table2-global")
 PAPER_TABLE2_TOK_S = (30.0, 29.7, 28.3, 18.8, 10.7, 5.5, 3.2)
-RELEASE_P99_TARGET_US = 200.0
-OVERHEAD_RATIO_TARGET = 3.0
+RELEASE_P99_TARGET_US = 100.0  # issue 29 (it was 200 us)
+OVERHEAD_RATIO_TARGET = 2.0  # issue 29 (it was 3x)
 FIDELITY_TARGET_PCT = 1.0
 RAW_GAP_S = 0.030  # spacing of the raw-socket messages: about a lap of the Table 2 rings
 RAW_HOT_GAP_S = 0.0005  # "back to back", yet never faster than the receiver drains
@@ -328,6 +328,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             by_shaper[shaper] = results
 
     figures["overhead"] = overhead_table(console, by_shaper, quick)
+    from testbed.studies.bench.hop import hop_breakdown_table
+    figures["hop"] = hop_breakdown_table(console, quick)
 
     for shaper, results in by_shaper.items():
         figures["fidelity"] += fidelity_section(console, shaper, rows, results)
