@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents import wire
+from netem.userspace import DEFAULT_RTO_MS
 from testbed.core import clock
 from testbed.core.channel import encode_line
 from testbed.core.records import LinkSpec
@@ -102,7 +103,7 @@ def one_path(kind: str, via_relay: bool, count: int) -> np.ndarray:
             relay = subprocess.Popen([sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)
             link = LinkSpec(0, 1, delay_ms=HOP_DELAY_MS)
-            relay.stdin.write(encode_line({"rto_ms": 200, "links": [{"link": vars(link),
+            relay.stdin.write(encode_line({"rto_ms": DEFAULT_RTO_MS, "links": [{"link": vars(link),
                                                                       "target": ["127.0.0.1", port]}]}))
             relay.stdin.flush()
             port = next(iter(json.loads(relay.stdout.readline())["ports"].values()))

@@ -1,7 +1,8 @@
 """python -m testbed bench: relay precision, per-hop overhead vs raw sockets, Table 2 fidelity, launcher cost per lap.
 
 Targets: relay release error p99 <= 100 us; per-hop overhead <= 2x a raw blocking-socket loopback one-way
-transfer of the same payload (section 2b takes one hop apart: what the relay and the agent's reader each add); fidelity |measured/predicted - 1| <= 1% on every Table 2 row with time dilation
+transfer of the same payload (section 2b takes one hop apart: what the relay and the agent's reader each add);
+fidelity |measured/predicted - 1| <= 1% on every Table 2 row with time dilation
 (auto) on the userspace relay, <= 3% on netem; per-hop p50 within 0.2 ms of configured; the launcher's CPU
 time per lap the same at 100 and at 10,000 laps (O(1) per lap). Fidelity is printed side by side for each row:
 undilated, dilated (auto), and dilated with base-path compensation. Last, the scale line: the most streams
