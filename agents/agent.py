@@ -45,16 +45,28 @@ class Usage:
     wall_s: float
     cpu_s: float
     max_rss_mb: float
+    uss_mb: float  # private pages only (Private_Clean + Private_Dirty of smaps_rollup): not the fork server's
 
     @classmethod
     def now(cls) -> "Usage":
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return cls(time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)  # ru_maxrss is in KiB
+        return cls(time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, _private_mb())  # KiB -> MB
 
     def since(self, start: "Usage") -> dict[str, float]:
-        """The "usage" event: CPU share of one core over the run (from the run command to its end), peak RSS."""
+        """The "usage" event: CPU share of one core over the run (from the run command to its end), peak RSS,
+        and the private memory at its end."""
         wall = self.wall_s - start.wall_s
-        return {"wall_s": wall, "cpu_s": self.cpu_s - start.cpu_s, "max_rss_mb": self.max_rss_mb}
+        return {"wall_s": wall, "cpu_s": self.cpu_s - start.cpu_s, "max_rss_mb": self.max_rss_mb,
+                "uss_mb": self.uss_mb}
+
+
+def _private_mb() -> float:
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith("Private_"))
+    except OSError:
+        return 0.0
+    return sum(int(value.split()[0]) for value in fields.values()) / 1024
 
 
 class Control:
@@ -96,8 +108,9 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
 
     say = say or (lambda message: log(spec, message))
     torch.set_num_threads(spec.threads)
-    model = shared_model(spec.model)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
+    # a checkpoint loads this agent's share only: its layers, and the embeddings and head where it uses them
+    model = shared_model(spec.model, (spec.first_layer, spec.last_layer, plan.is_entry or spec.is_head or spec.head_on_last))
     ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms,
                       mode=spec.decode.mode, report=control.send, clock=clock, log=say, dilation=spec.dilation,
                       per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,

@@ -1,4 +1,8 @@
-"""Weights files and the training process's habits: atomic writes, fp16 save/load, locks, pinned threads."""
+"""Weights files and the training process's habits: atomic writes, fp16 save/load, locks, pinned threads.
+
+Every weights file is safetensors (a JSON header and raw tensors; nothing in it can run code when loaded), the
+shipped byte models' as a local Hugging Face checkpoint's are: no torch.load or pickle anywhere.
+"""
 
 from __future__ import annotations
 
@@ -60,13 +64,22 @@ def _sha256(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _save_state(model: GPT, path: pathlib.Path, dtype: torch.dtype = torch.float32) -> None:
+    """The model's weights as safetensors; tied tensors (wte and lm_head) are stored once each, as copies."""
+    from safetensors.torch import save
+
+    state = {key: value.detach().to(dtype).contiguous().clone() for key, value in model.state_dict().items()}
+    _atomic_write(path, lambda f: f.write(save(state, metadata={"config": json.dumps(model.config.__dict__)})))
+
+
 def _save_fp16(model: GPT, path: pathlib.Path) -> None:
-    state = {key: value.to(torch.float16) for key, value in model.state_dict().items()}
-    _atomic_write(path, lambda f: torch.save(state, f))
+    _save_state(model, path, torch.float16)
 
 
 def _load_state(model: GPT, path: pathlib.Path) -> GPT:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device="cpu")
     model.load_state_dict({key: value.to(torch.float32) for key, value in state.items()})  # the agents compute in float32
     model.requires_grad_(False)  # inference only: no autograd bookkeeping even outside inference_mode
     return model.eval()

@@ -23,6 +23,13 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd: expected a multiple of n_head={self.n_head}, got {self.n_embd}")
 
+    @property
+    def kv_heads(self) -> int:  # heads of the KV cache (a checkpoint's grouped-query attention has fewer)
+        return self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
 
 
 TARGET_CONFIG = GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=4, n_embd=128)
@@ -40,3 +47,38 @@ def encode(text: str) -> list[int]:
 def decode(ids: list[int]) -> str:
     # A byte-level model can stop mid-character; replace rather than fail on a partial sequence.
     return bytes(ids).decode("utf-8", errors="replace")
+
+
+class ByteVocabulary:
+    """The byte models' tokenizer: one token per UTF-8 byte (a checkpoint's is agents.hf.checkpoint's)."""
+
+    size = 256
+
+    @staticmethod
+    def encode(text: str) -> list[int]:
+        return encode(text)
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return decode(ids)
+
+
+BYTES = ByteVocabulary()
+
+
+def model_config(name: str):
+    """The shape of model `name`: one of MODEL_CONFIGS, or a local checkpoint "hf:PATH" (read, not loaded)."""
+    from agents.hf.checkpoint import Checkpoint, is_hf
+
+    if is_hf(name):
+        return Checkpoint.open(name).shape
+    if name not in MODEL_CONFIGS:
+        raise ValueError(f"unknown model {name!r}: expected one of {sorted(MODEL_CONFIGS)} or hf:PATH")
+    return MODEL_CONFIGS[name]
+
+
+def vocabulary(name: str):
+    """How model `name` turns text into token ids and back (encode, decode)."""
+    from agents.hf.checkpoint import Checkpoint, is_hf
+
+    return Checkpoint.open(name).vocabulary() if is_hf(name) else BYTES

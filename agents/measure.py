@@ -10,7 +10,7 @@ import torch
 from agents.checkpoint import _threads
 from agents.corpus import KINDS
 from agents.configs import decode, encode
-from agents.model import GPT, KVCache
+from agents.model import GPT
 
 DECODE_PREFILL = 128  # decode timing starts mid-context, as the ring does
 DECODE_STEPS = 64
@@ -49,7 +49,7 @@ def acceptance(target: GPT, draft: GPT, windows: torch.Tensor, temperature: floa
 @torch.inference_mode()
 def generate(model: GPT, prompt: str, n_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[int]:
     """n_tokens bytes after prompt, with a KV cache; greedy at temperature 0."""
-    cache = KVCache(model.config, model.config.n_layer)
+    cache = model.new_cache(model.config.n_layer)
     generator = torch.Generator().manual_seed(seed)
     idx = torch.tensor([encode(prompt)])  # [1, T]
     out: list[int] = []
@@ -69,7 +69,7 @@ def generate(model: GPT, prompt: str, n_tokens: int, temperature: float = 0.0, s
 def decode_ms(model: GPT, threads: int = 1) -> float:
     """Median wall time of one full-model decode step (one token, KV cache, all layers, head) at `threads`."""
     with _threads(threads):
-        cache = KVCache(model.config, model.config.n_layer)
+        cache = model.new_cache(model.config.n_layer)
         model.run_layers(model.embed(torch.zeros(1, DECODE_PREFILL, dtype=torch.long), 0), 0, model.config.n_layer, cache)
         token = torch.zeros(1, 1, dtype=torch.long)
         times = []
@@ -117,3 +117,22 @@ def report(meta: dict, models: dict[str, GPT]) -> str:
         text = decode(generate(models["target"], DEFAULT_PROMPT, 120, temperature))
         lines.append(f"target, T={temperature:g}, from {DEFAULT_PROMPT!r}:\n{DEFAULT_PROMPT}{text}")
     return "\n".join(lines)
+
+
+def checkpoint_acceptance(target_name: str, draft_name: str, n_windows: int = ALPHA_WINDOWS,
+                          window_tokens: int = 128, temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)) -> dict[float, float]:
+    """alpha-hat of a draft checkpoint against a target checkpoint ("hf:PATH" each), on the held-out corpus text
+    tokenized by the target's tokenizer: {temperature: alpha-hat} (agents.train --model hf:PATH --draft hf:PATH)."""
+    from agents.corpus import build_corpus
+    from agents.shared import shared_model
+    from testbed.core.errors import ConfigError
+
+    target, draft = shared_model(target_name), shared_model(draft_name)
+    if target.vocabulary.vocab != draft.vocabulary.vocab or target.config.vocab_size != draft.config.vocab_size:
+        raise ConfigError("the draft's tokenizer is not the target's: alpha-hat compares their distributions "
+                          "token for token", source=draft_name)
+    ids = torch.tensor(target.vocabulary.encode(build_corpus().val.decode("utf-8", errors="replace")))
+    seq = min(window_tokens, target.config.block_size - 1, draft.config.block_size - 1)
+    starts = torch.linspace(0, len(ids) - seq - 1, n_windows).long()  # [N]
+    windows = ids[starts[:, None] + torch.arange(seq + 1)]  # [N, seq+1]
+    return {t: acceptance(target, draft, windows, t) for t in temperatures}

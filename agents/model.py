@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from agents.configs import GPTConfig
+from agents.configs import BYTES, GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -101,8 +101,8 @@ class KVCache:
         self.batch_size = batch_size
         # slots, not positions: a speculation tree holds its n nodes in n slots at a few positions (tree depth)
         self.block_size = config.block_size + extra_slots
-        shape = (n_layers, batch_size, config.n_head, self.block_size, config.n_embd // config.n_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
+        shape = (n_layers, batch_size, config.kv_heads, self.block_size, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, kv_heads, block_size, hd]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
         self.length = 0  # positions [0, length) hold valid keys/values in every layer
 
@@ -128,6 +128,8 @@ class KVCache:
 
 
 class GPT(nn.Module):
+    vocabulary = BYTES  # one token per UTF-8 byte (a checkpoint's HFModel has its tokenizer here)
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -158,6 +160,10 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied wte/lm_head counted once
 
+    def new_cache(self, n_layers: int, batch_size: int = 1, extra_slots: int = 0) -> KVCache:
+        """An empty KV cache for n_layers of this model (what a stage or a drafter keeps; agents.hf.model too)."""
+        return KVCache(self.config, n_layers, batch_size, extra_slots=extra_slots)
+
     def embed(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Token + position embedding of idx [B, T] placed at positions start_pos..start_pos+T-1 -> [B, T, C]."""
         T = idx.size(1)
@@ -170,11 +176,12 @@ class GPT(nn.Module):
         return tok_emb + pos_emb  # [B, T, C]
 
     def run_layers(self, x: torch.Tensor, first: int, last: int, cache: KVCache | None = None,
-                   mask: torch.Tensor | None = None) -> torch.Tensor:
+                   mask: torch.Tensor | None = None, positions: list[int] | None = None) -> torch.Tensor:
         """Run blocks[first:last] on x [B, T, C] -> [B, T, C]; with a cache, x is appended after its past.
 
         `mask` ([T, past + T] bool, True = may attend) replaces the causal one: a speculation tree's nodes see
-        the past and their own ancestors only (tree_mask)."""
+        the past and their own ancestors only (tree_mask). `positions` (a tree's nodes: root + depth) are not
+        needed here: learned positions are added at embed (a rotary checkpoint, agents.hf.model, rotates by them)."""
         if not 0 <= first <= last <= self.config.n_layer:
             raise ValueError(f"GPT.run_layers: expected 0 <= first <= last <= {self.config.n_layer}, got {first}, {last}")
         blocks = self.transformer.h[first:last]
@@ -212,17 +219,8 @@ class GPT(nn.Module):
         own cache (and so its own position and past). Every matmul runs once on the stacked batch; only the
         attention, which reads each sequence's own past, runs per sequence.
         """
-        if not 0 <= first <= last <= self.config.n_layer:
-            raise ValueError(f"GPT.run_layers_batched: expected 0 <= first <= last <= {self.config.n_layer}, "
-                             f"got {first}, {last}")
+        check_batch("GPT", x, first, last, caches, self.config.n_layer)
         B, T, C = x.size()
-        if T != 1 or len(caches) != B:
-            raise ValueError(f"GPT.run_layers_batched: expected [B, 1, C] with one cache per row, got {tuple(x.shape)} "
-                             f"and {len(caches)} caches")
-        for cache in caches:
-            if cache.n_layers != last - first or cache.batch_size != 1 or cache.length + 1 > cache.block_size:
-                raise ValueError(f"GPT.run_layers_batched: a cache of {cache.n_layers} layers, batch {cache.batch_size}, "
-                                 f"{cache.length} cached does not fit layers {first}:{last} plus one token")
         for i, block in enumerate(self.transformer.h[first:last]):
             attn = block.attn
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.n_embd, dim=2)  # 3 x [B, 1, C]
@@ -251,6 +249,21 @@ class GPT(nn.Module):
         x = self.embed(idx, 0)  # [B, T, C]
         x = self.run_layers(x, 0, self.config.n_layer)  # [B, T, C]
         return self.head(x)  # [B, T, V]
+
+
+def check_batch(who: str, x: torch.Tensor, first: int, last: int, caches: list[KVCache], n_layer: int) -> None:
+    """run_layers_batched's input (GPT's, and a checkpoint's agents.hf.model): [B, 1, C] rows, each with its own
+    single-sequence cache of layers first..last-1 and room for one more token."""
+    if not 0 <= first <= last <= n_layer:
+        raise ValueError(f"{who}.run_layers_batched: expected 0 <= first <= last <= {n_layer}, got {first}, {last}")
+    B, T, _ = x.size()
+    if T != 1 or len(caches) != B:
+        raise ValueError(f"{who}.run_layers_batched: expected [B, 1, C] with one cache per row, got {tuple(x.shape)} "
+                         f"and {len(caches)} caches")
+    for cache in caches:
+        if cache.n_layers != last - first or cache.batch_size != 1 or cache.length + 1 > cache.block_size:
+            raise ValueError(f"{who}.run_layers_batched: a cache of {cache.n_layers} layers, batch {cache.batch_size}, "
+                             f"{cache.length} cached does not fit layers {first}:{last} plus one token")
 
 
 def tree_mask(parents: list[int], past: int) -> torch.Tensor:

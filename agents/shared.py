@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
-from agents.model import GPT
+from typing import Any
 
-_SHARED: dict[str, GPT] = {}
+from agents.hf.checkpoint import is_hf
+
+_SHARED: dict[str, Any] = {}
 
 
-def shared_model(name: str) -> GPT:
-    """agents.train.load_model(name), once per process: read-only weights, so the agents of a virtual run (all in
-    one process, netem.virtual) share one copy, and a real agent process loads each name once."""
+def shared_model(name: str, stage: tuple[int, int, bool] | None = None):
+    """Model `name`, once per process: read-only weights, so the agents of a virtual run (all in one process,
+    netem.virtual) share one copy, and a real agent process loads each name once.
+
+    A byte model (agents.train.load_model) loads whole (a megabyte). A checkpoint ("hf:PATH", agents.hf.model)
+    loads only what is asked: `stage` = (first layer, last layer exclusive, is the entry) for a pipeline stage,
+    None for all of it (a draft)."""
     if name not in _SHARED:
-        from agents.train import load_model
+        if is_hf(name):
+            from agents.hf.model import load_hf
 
-        _SHARED[name] = load_model(name)
-    return _SHARED[name]
+            _SHARED[name] = load_hf(name)
+        else:
+            from agents.train import load_model
+
+            _SHARED[name] = load_model(name)
+            _SHARED[name].name = name  # what draft_name reads: which model a stage runs
+    model = _SHARED[name]
+    if is_hf(name):
+        model.load(*(stage or (0, model.config.n_layer, True)))
+    return model
+
+
+def draft_name(draft: str, target) -> str:
+    """The model a speculating mode drafts with, beside the `target` its stage runs: decode.draft "trained" (the
+    shipped byte draft), "calibrated" (the target's logits with the acceptance dialled, agents.modes.speculative:
+    the byte "target", or the checkpoint itself), or a checkpoint "hf:PATH"."""
+    target_name = getattr(target, "name", "target")
+    if draft == "calibrated":
+        return target_name if is_hf(target_name) else "target"
+    return draft if is_hf(draft) else "draft"

@@ -50,8 +50,8 @@ class PipelineStage:
         if cache is None:
             if not 0 <= stream < self.MAX_STREAMS:
                 raise ValueError(f"stream id {stream} is outside 0..{self.MAX_STREAMS - 1}")
-            cache = self.caches[stream] = KVCache(self.model.config, self.plan.last_layer - self.plan.first_layer,
-                                                  self.batch_size, extra_slots=self.tree_slots)
+            cache = self.caches[stream] = self.model.new_cache(self.plan.last_layer - self.plan.first_layer,
+                                                               self.batch_size, extra_slots=self.tree_slots)
         return cache
 
     def _rewind(self, pos: int, stream: int = 0) -> KVCache:
@@ -78,21 +78,26 @@ class PipelineStage:
         self.trees[stream] = parents
         self.last_tree[stream] = (parents, tokens)  # for a head on this stage (placement.head = "last")
 
-    def _tree_mask(self, stream: int, pos: int, n_tok: int) -> torch.Tensor | None:
+    def _tree_mask(self, stream: int, pos: int, n_tok: int) -> tuple[torch.Tensor | None, list[int] | None]:
+        """The attention mask and the positions (root + depth, where slots are not positions) of the stream's next
+        block when it is a tree; (None, None) when it is a plain block."""
         parents = self.trees.pop(stream, None)
         if parents is None:
-            return None
+            return None, None
         if len(parents) != n_tok:
             raise ValueError(f"a tree of {len(parents)} nodes but a block of {n_tok} tokens")
-        return tree_mask(parents, pos)
+        depths: list[int] = []
+        for parent in parents:
+            depths.append(depths[parent] + 1 if parent >= 0 else 0)
+        return tree_mask(parents, pos), [pos + depth for depth in depths]
 
     @torch.inference_mode()
     def run(self, hidden: np.ndarray, pos: int, stream: int = 0) -> np.ndarray:
         """Middle/last stage: hidden [B, T, C] float32 at positions pos.. -> hidden [B, T, C]."""
         cache = self._rewind(pos, stream)
         x = torch.from_numpy(hidden)  # [B, T, C]
-        mask = self._tree_mask(stream, pos, x.shape[1])
-        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask)
+        mask, positions = self._tree_mask(stream, pos, x.shape[1])
+        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask, positions)
         return x.numpy()
 
     @torch.inference_mode()
@@ -112,8 +117,9 @@ class PipelineStage:
             x = self.model.embed(torch.tensor([ids], dtype=torch.long), pos)  # [1, T, C]
         else:
             x = self.model.embed_at(ids, positions).transpose(0, 1)  # [1, T, C]
-        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache,
-                                  self._tree_mask(stream, pos, len(ids)))
+        mask, tree_positions = self._tree_mask(stream, pos, len(ids))
+        x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask,
+                                  positions if positions is not None else tree_positions)
         return x.numpy()
 
     @torch.inference_mode()

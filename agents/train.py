@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from agents.checkpoint import _atomic_write, _load_state, _locked, _save_fp16, _sha256, _threads, _write_json
+from agents.checkpoint import _load_state, _locked, _save_fp16, _save_state, _sha256, _threads, _write_json
 from agents.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
 from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
 from agents.configs import DRAFT_CONFIG, MODEL_CONFIGS, GPTConfig
@@ -196,7 +196,7 @@ def read_shipped(weights_dir: pathlib.Path | None = None) -> dict | None:
 
 def _weights_path(cache_dir: pathlib.Path, name: str, key: str) -> pathlib.Path:
     # The key in the name makes a weights file immutable: a retrain never replaces a file someone is loading.
-    return cache_dir / f"{name}-{key[:16]}.pt"
+    return cache_dir / f"{name}-{key[:16]}.safetensors"
 
 
 def _read_meta(cache_dir: pathlib.Path, key: str) -> dict | None:
@@ -215,13 +215,13 @@ def _train_into_cache(corpus: Corpus, key: str, cache_dir: pathlib.Path) -> dict
     for name in MODEL_CONFIGS:
         with _threads(TRAIN_CONFIGS[name].threads):
             model, meta["models"][name] = train_model(name, corpus)
-        _atomic_write(_weights_path(cache_dir, name, key), lambda f, m=model: torch.save(m.state_dict(), f))
+        _save_state(model, _weights_path(cache_dir, name, key))
     meta["unigram_val_loss"] = unigram_loss(corpus.val)
     meta["train_seconds"] = time.perf_counter() - started
     _write_json(cache_dir / META_FILE, meta)
     current = {_weights_path(cache_dir, name, key) for name in MODEL_CONFIGS}
-    for stale in cache_dir.glob("*.pt"):
-        if stale not in current and not stale.name.endswith(".fp32.pt"):  # --retrain's files are its own
+    for stale in [*cache_dir.glob("*.pt"), *cache_dir.glob("*.safetensors")]:  # .pt: before safetensors
+        if stale not in current and ".fp32." not in stale.name:  # --retrain's files are its own
             stale.unlink(missing_ok=True)
     return meta
 
@@ -278,14 +278,14 @@ def _trained(name: str, corpus: Corpus, cache_dir: pathlib.Path, resume: bool) -
     # Keyed by this model's own recipe, so --resume keeps a model whose recipe did not change.
     model_recipe = {**recipe(()), "models": {name: {"model": asdict(config), "train": asdict(cfg)}}}
     model_key = hashlib.sha256(json.dumps(model_recipe, sort_keys=True).encode()).hexdigest()
-    fp32_path = cache_dir / f"{name}-{model_key[:16]}.fp32.pt"
+    fp32_path = cache_dir / f"{name}-{model_key[:16]}.fp32.safetensors"
     stats_path = fp32_path.with_suffix(".json")
     if resume and fp32_path.is_file() and stats_path.is_file():
         log.info("%s: reusing %s", name, fp32_path)
         return _load_state(GPT(config), fp32_path), json.loads(stats_path.read_text())
     with _threads(cfg.threads):
         model, stats = train_model(name, corpus, config, cfg)
-    _atomic_write(fp32_path, lambda f: torch.save(model.state_dict(), f))
+    _save_state(model, fp32_path)
     _write_json(stats_path, stats)
     return model, stats
 
@@ -312,7 +312,7 @@ def retrain(cache_dir: pathlib.Path | None = None, *, resume: bool = False, only
     models: dict[str, GPT] = {}
     for name in MODEL_CONFIGS:
         model, stats = _trained(name, corpus, cache_dir, resume)
-        path = weights_dir / f"{name}.pt"
+        path = weights_dir / f"{name}.safetensors"
         _save_fp16(model, path)
         models[name] = shipped = _load_state(GPT(MODEL_CONFIGS[name]), path)  # everything below measures what ships
         fp16 = evaluate(shipped, corpus)
@@ -367,6 +367,26 @@ def check(weights_dir: pathlib.Path = WEIGHTS_DIR) -> list[str]:
     return problems
 
 
+def checkpoint_report(target: str | None, draft: str | None) -> int:
+    """`--model hf:PATH --draft hf:PATH`: the pair's alpha-hat on held-out text; 2 with one line on bad input."""
+    from agents.hf.checkpoint import is_hf
+    from agents.measure import checkpoint_acceptance
+    from testbed.core.errors import ConfigError
+
+    if not (target and draft and is_hf(target) and is_hf(draft)):
+        print("error: --model hf:PATH and --draft hf:PATH go together (local checkpoints)")
+        return 2
+    try:
+        alpha = checkpoint_acceptance(target, draft)
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(f"draft {draft} against target {target}, {ALPHA_WINDOWS} held-out windows in the target's tokens")
+    for temperature, value in alpha.items():
+        print(f"  alpha-hat at T = {temperature:g}: {value:.3f}" + ("  (argmax agreement)" if temperature == 0 else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None, help=f"default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR}")
@@ -375,7 +395,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", choices=[*MODEL_CONFIGS, "previous"], default=(),
                         help="with --retrain: train just these into the cache (then --retrain --resume gathers them)")
     parser.add_argument("--check", action="store_true", help="verify the shipped weights: recipe hash, sha256, loading, loss")
+    parser.add_argument("--model", help="hf:PATH: the quality table of a local checkpoint pair instead (with --draft)")
+    parser.add_argument("--draft", help="hf:PATH: the draft checkpoint whose alpha-hat against --model is printed")
     args = parser.parse_args(argv)
+    if args.model or args.draft:
+        raise SystemExit(checkpoint_report(args.model, args.draft))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.check:
         problems = check()

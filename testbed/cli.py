@@ -137,14 +137,14 @@ def write_json(path: Path, summary: RunSummary) -> None:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     """What a run would set up, applied nowhere: the stage layout, then the shaper's commands or link timings."""
-    from agents.configs import MODEL_CONFIGS
+    from agents.configs import model_config
     from netem.base import ShaperOptions
     from netem.select import plan_lines
     from testbed.config import split_layers
     from testbed.launcher import new_run_id
 
     scenario = scenario_from_args(args)
-    ranges = split_layers(MODEL_CONFIGS[scenario.model].n_layer, scenario.stages, scenario.source)
+    ranges = split_layers(model_config(scenario.model).n_layer, scenario.stages, scenario.source)
     out = [f"# scenario {scenario.name}: {scenario.n_stages} stages, T_ring {scenario.t_ring_s * 1e3:.3f} ms, "
            f"decode {scenario.decode.mode}, model {scenario.model}"]
     if args.dilation == "auto" or args.compensate:

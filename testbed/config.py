@@ -11,6 +11,9 @@ from typing import Any
 
 from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, MODES, DecodeConfig, PlacementConfig, SpecConfig,
                                  TPConfig, WireConfig)
+from agents.configs import model_config
+from agents.hf.checkpoint import is_hf
+from testbed.model_rules import BYTE_MODELS, check_models, model_name
 from testbed.decode_rules import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
 from testbed.placement_rules import edge_links, placement_from_dict as _placement, spec_from_dict
 from testbed.placement_rules import tensor_parallel as _tensor_parallel
@@ -201,7 +204,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(raw, _TOP_KEYS, source, "")
     name = _string(raw, "name", Path(source).stem if source.endswith(".toml") else "scenario", source, "")
     description = _string(raw, "description", "", source, "")
-    model = _string(raw, "model", "target", source, "", ("target", "target-deep", "draft"))
+    model = model_name(raw.get("model", "target"), source, "model", BYTE_MODELS)
     scale = _number(raw, "scale", 1.0, source, "", minimum=1e-6)
 
     stages_raw = raw.get("stages")
@@ -342,6 +345,9 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     if spec.placement == "edge" and (parallel != "pp" or placement.head != "entry"):
         raise ConfigError("edge drafts verify on the entry of a pipeline: keep parallel and placement.head at their "
                           "defaults", source=source, key="spec.placement")
+    check_models(model, decode, parallel=parallel, drafts_on_edge=spec.placement == "edge", source=source)
+    if is_hf(model):  # a byte model's split is checked at launch, a checkpoint's here: its layers are its own
+        split_layers(model_config(model).n_layer, tuple(stages), source)
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
     lap_timeout_s = _number(net, "lap_timeout_s", LAP_TIMEOUT_S, source, "network", minimum=0.1, maximum=3600) * scale

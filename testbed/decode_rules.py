@@ -26,7 +26,7 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "seed": ("int", (0, None), False),
     "k": ("k", (1, K_MAX_BOUND), False),
     "k_max": ("int", (1, K_MAX_BOUND), False),
-    "draft": ("choice", DRAFT_KINDS, False),
+    "draft": ("model", DRAFT_KINDS, False),  # or a checkpoint "hf:PATH" (testbed.model_rules)
     "alpha": ("number", (0.0, 1.0), False),
     "draft_ms": ("number", (0.0, 60_000.0), True),
     "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
@@ -46,7 +46,11 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
         kind, bounds, scaled = _DECODE_RULES[f.name]
         default = f.default
         key = f"decode.{f.name}"
-        if kind == "choice":
+        if kind == "model":
+            from testbed.model_rules import draft_rule
+
+            value = draft_rule(dec, source)
+        elif kind == "choice":
             value = _string(dec, f.name, default, source, "decode", bounds or tuple(MODES))
         elif kind == "text":
             value = _string(dec, f.name, default, source, "decode")

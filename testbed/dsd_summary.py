@@ -30,9 +30,9 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     verify = float(np.mean([lap.duration_s for lap in verifies]))
     queue = float(np.mean([lap.extra["queue_s"] for lap in verifies]))
     p_hit = float(np.mean([bool(lap.extra["ready"]) for lap in rounds])) if spec.pipelined else 0.0  # began drafted
-    from agents.configs import MODEL_CONFIGS  # the target's vocabulary: what a PROBS row holds
+    from agents.configs import model_config  # the target's vocabulary: what a PROBS row holds
 
-    up, down = round_bytes(k, MODEL_CONFIGS[sc.model].vocab_size)
+    up, down = round_bytes(k, model_config(sc.model).vocab_size)
     serialization = (up + down) / mbit_to_bytes_s(spec.rate_mbit)  # 0 when the edge link is unlimited
     rtt = spec.rtt_ms / 1e3 + serialization
     predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,

@@ -148,8 +148,8 @@ class Launcher:
 
     def _preload(self) -> list[str]:
         """The models the fork server loads for every agent to share: the scenario's and a drafter's."""
-        sc = self.physical
-        return sorted({sc.model, "draft", *(("target",) if sc.decode.draft == "calibrated" else ())})
+        sc = self.physical  # a drafter: "trained" (the byte draft), "calibrated" (the byte target) or an hf: path
+        return sorted({sc.model, "draft", {"trained": "draft", "calibrated": "target"}.get(sc.decode.draft, sc.decode.draft)})
 
     async def _start_agent(self, nursery: trio.Nursery, spec: AgentSpec) -> AgentHandle:
         process, control = await self._spawn(nursery, spec)
@@ -170,7 +170,7 @@ class Launcher:
             if event.get("event") == "usage":  # may come after the entry's "done": kept here, not queued
                 self.runlog.agent_usage[handle.stage] = AgentUsage(
                     handle.stage, handle.name, float(event["wall_s"]), float(event["cpu_s"]),
-                    float(event["max_rss_mb"]))
+                    float(event["max_rss_mb"]), event.get("uss_mb"))
                 return
             self.events_send.send_nowait((handle.stage, event))
 
@@ -280,9 +280,9 @@ class Launcher:
         await trio.to_thread.run_sync(ensure_trained)
 
     async def _run(self) -> None:
-        from agents.configs import MODEL_CONFIGS
+        from agents.configs import model_config
 
-        specs = self.agent_specs(MODEL_CONFIGS[self.scenario.model].n_layer)  # "target-deep": 16 layers
+        specs = self.agent_specs(model_config(self.scenario.model).n_layer)  # "target-deep": 16 layers
         self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason
         try:
             async with self.shaper:

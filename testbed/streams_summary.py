@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.configs import decode as decode_bytes
+from agents.configs import vocabulary
 from testbed.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord
@@ -82,7 +82,7 @@ def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsS
     queues = np.array([lap.stage_queue_s() for lap in decode]) * 1e3  # [laps, stages]
     predicted_per, predicted_agg, busy_predicted, ceiling = predicted_rates(scenario, stage_s)
     durations = [lap.duration_s * 1e3 for lap in decode]
-    texts = tuple(decode_bytes([t for lap in sorted([lap for lap in laps if lap.stream == s], key=lambda r: r.lap)
+    texts = tuple(vocabulary(scenario.model).decode([t for lap in sorted([lap for lap in laps if lap.stream == s], key=lambda r: r.lap)
                                 for t in lap.ids]) for s in sorted(by_stream))
     return StreamsSummary(
         streams=config.streams, batching=config.batching, window_s=t1 - t0,

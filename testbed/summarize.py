@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from agents.configs import decode as decode_bytes
+from agents.configs import vocabulary
 from testbed.core import physics
 from testbed.core.decode import MODES, resolve
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
@@ -118,7 +118,7 @@ def mode_summary(log: RunLog):
         return None
     counts = {name: log.totals.kinds[kind] for name, kind in WINDOW_COUNTS.get(info.name, {}).items()}
     if hasattr(part, "texts"):  # every stream's whole text, not the window's
-        counts["texts"] = tuple(decode_bytes(log.stream_ids[s]) for s in sorted(log.stream_ids))
+        counts["texts"] = tuple(vocabulary(sc.model).decode(log.stream_ids[s]) for s in sorted(log.stream_ids))
     return dataclasses.replace(part, **counts)
 
 
@@ -152,7 +152,7 @@ def summarize(log: RunLog) -> RunSummary:
         overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
         ttft=ttft, self_check=self_check(log), **mode_summaries,
         history=tuple(log.history), metrics_url=log.metrics_url,
-        text=decode_bytes(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
+        text=vocabulary(sc.model).decode(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts={**log.shaper_facts, "schedule_changes": [dataclasses.asdict(c) for c in log.schedule_changes]}
         if log.schedule_changes else log.shaper_facts, dilation=log.dilation,
         agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire, serialization_s=log.serialization_s,

@@ -16,7 +16,7 @@ LAYERS = (
     (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.trace", "testbed.predict",
          "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
          "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
-         "testbed.decode_rules", "testbed.schedule", "testbed.collector",
+         "testbed.decode_rules", "testbed.model_rules", "testbed.schedule", "testbed.collector",
          "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
     (3, ("dashboards",)),
     (4, ("testbed.studies",)),  # a folder per study, and their registry

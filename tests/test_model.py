@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import agents.train as train
+from safetensors.torch import load_file
 from agents.corpus import KINDS, build_corpus
 from agents.configs import GPTConfig, decode, encode
 from agents.model import GPT, KVCache
@@ -234,7 +235,7 @@ def test_a_changed_recipe_trains_into_the_cache_once_shared_and_keyed(tmp_path, 
     monkeypatch.setattr(train, "TRAIN_CONFIGS", {name: dataclasses.replace(cfg, steps=4) for name, cfg in train.TRAIN_CONFIGS.items()})
     train.ensure_trained(tmp_path)
     assert tiny_recipe == ["target", "draft"] * 2  # a changed recipe invalidates the cache
-    assert len(list(tmp_path.glob("*.pt"))) == 2  # stale weights are cleaned up
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2  # stale weights are cleaned up
 
 
 def test_training_is_deterministic(tmp_path, tiny_recipe):
@@ -258,7 +259,7 @@ def test_shipped_weights_match_the_recipe_and_load():
     for name, config in train.MODEL_CONFIGS.items():
         path = train.WEIGHTS_DIR / meta["models"][name]["file"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["models"][name]["sha256"]
-        assert all(v.dtype == torch.float16 for v in torch.load(path, weights_only=True).values())
+        assert path.suffix == ".safetensors" and all(v.dtype == torch.float16 for v in load_file(path).values())
         model = train.load_model(name)
         assert model.config == config and model.num_params() == meta["models"][name]["params"]
         assert not model.training and next(model.parameters()).dtype == torch.float32

@@ -50,7 +50,7 @@ def preload(models: list[str]) -> None:
     for module in PRELOAD_MODULES + tuple(info.runner.partition(":")[0] for info in MODES.values()):
         importlib.import_module(module)
     for name in models:
-        shared_model(name)
+        shared_model(name, (0, 0, False))  # a byte model whole; a checkpoint's shapes only: each agent loads its share
     gc.collect()
     gc.freeze()  # the preloaded objects out of the collector's sight: its passes would dirty their shared pages
 

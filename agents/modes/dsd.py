@@ -152,13 +152,13 @@ class EdgeClient:
     """One edge client: its prompt, then rounds of K drafts until decode.tokens tokens (its own request)."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient, spec: SpecConfig) -> None:
-        from agents.shared import shared_model
+        from agents.shared import draft_name, shared_model
 
         self.config, self.ring, self.spec = config, ring, spec
         self.client = ring.index - ring.n_stages
         self.k = int(config.k)
         self.rand = randoms(config.seed, self.client)
-        model = shared_model("target" if config.draft == "calibrated" else "draft")
+        model = shared_model(draft_name(config.draft, ring.stage.model))
         self.drafter = Drafter(model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3, self.rand,
                                ring.clock, ring.dilation)
 
@@ -194,7 +194,7 @@ class EdgeClient:
 
     async def run(self) -> int:
         ring, clock, config, k = self.ring, self.ring.clock, self.config, self.k
-        sequence = prompt_ids(config, ring.stage.model.config.block_size)
+        sequence = prompt_ids(config, ring.stage.model)
         request_start = clock.now()
         await ring.send(ring.pass_through(wire.Frame(wire.Kind.DRAFT, stream=self.client, flags=wire.PROMPT,
                                                      tensor=np.array(sequence, np.int32)), request_start), 0)

@@ -43,7 +43,7 @@ class PlainMode:
     async def run(self) -> int:
         """Decode config.tokens tokens; returns how many were generated."""
         block_size = self.ring.stage.model.config.block_size
-        sequence = prompt_ids(self.config, block_size)
+        sequence = prompt_ids(self.config, self.ring.stage.model)
         token, record = await self.prefill(sequence)
         self.report(dataclasses.replace(record, tokens=1, ids=(token,)))
         sequence.append(token)

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agents.model import GPT, KVCache
+from agents.model import GPT
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
@@ -113,7 +113,7 @@ class Drafter:
         self.draft_s = draft_s  # emulated per-token draft time (0 = real time only), already dilated
         self.dilation = dilation  # real drafting is padded to this many times its length (testbed.dilation)
         self.rand = rand
-        self.cache = KVCache(model.config, model.config.n_layer)
+        self.cache = model.new_cache(model.config.n_layer)
         self.fed: list[int] = []  # tokens whose keys/values are in the cache, in order
 
     @torch.inference_mode()
@@ -240,12 +240,12 @@ class SpeculativeMode:
     """
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.shared import shared_model
+        from agents.shared import draft_name, shared_model
 
         self.config = config
         self.ring = ring
         self.rand = PositionRandom(config.seed)
-        draft_model = shared_model("target" if config.draft == "calibrated" else "draft")
+        draft_model = shared_model(draft_name(config.draft, ring.stage.model))
         self.drafter = Drafter(draft_model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3,
                                self.rand, ring.clock, ring.dilation)
         self.chooser = KChooser(None if config.k == "auto" else int(config.k), config.k_max)
@@ -294,7 +294,7 @@ class SpeculativeMode:
     async def run(self) -> int:
         config = self.config
         block_size = self.ring.stage.model.config.block_size
-        prompt = prompt_ids(config, block_size)
+        prompt = prompt_ids(config, self.ring.stage.model)
         next_k = k_schedule(config)
         sweeping = bool(config.k_sweep)
         await self.restart(prompt, 0)

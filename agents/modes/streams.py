@@ -52,7 +52,7 @@ class StreamsMode:
         self.stage = ring.stage
         self.block_size = ring.stage.model.config.block_size
         self.continuous = config.batching == "continuous"
-        self.streams = [Stream(s, prompt_ids(config, self.block_size, s),
+        self.streams = [Stream(s, prompt_ids(config, ring.stage.model, s),
                                torch.Generator().manual_seed(config.seed + s)) for s in range(config.streams)]
         self.lap_no = 0
 

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agents.model import GPT, KVCache, tree_mask
+from agents.model import GPT, tree_mask
 from agents.modes.speculative import EPS, probabilities, sample
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
@@ -77,7 +77,7 @@ class TreeDrafter:
     def __init__(self, model: GPT, config: DecodeConfig, draft_s: float, clock: Clock, dilation: float) -> None:
         self.model, self.config, self.clock = model, config, clock
         self.draft_s, self.dilation = draft_s, dilation
-        self.cache = KVCache(model.config, model.config.n_layer, extra_slots=config.tree_n + 1)
+        self.cache = model.new_cache(model.config.n_layer, extra_slots=config.tree_n + 1)
         self.fed: list[int] = []
 
     def _sync(self, prefix: list[int]) -> None:
@@ -98,8 +98,9 @@ class TreeDrafter:
         """Draft logits [len(nodes), V] of new nodes (the last ones added; their ancestors already in the cache)."""
         past = len(self.fed)
         mask = tree_mask(tree.parents, past)[nodes]  # [T, past + all nodes]
-        x = self.model.embed_at([tree.tokens[i] for i in nodes], [root_pos + tree.depths[i] for i in nodes])
-        x = self.model.run_layers(x.transpose(0, 1), 0, self.model.config.n_layer, self.cache, mask)
+        positions = [root_pos + tree.depths[i] for i in nodes]
+        x = self.model.embed_at([tree.tokens[i] for i in nodes], positions)
+        x = self.model.run_layers(x.transpose(0, 1), 0, self.model.config.n_layer, self.cache, mask, positions)
         return self.model.head(x)[0]
 
     @torch.inference_mode()
@@ -194,10 +195,10 @@ class TreeMode:
     """The entry's loop: draft a tree, verify it in one lap, keep the accepted path; one lap record per round."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.shared import shared_model
+        from agents.shared import draft_name, shared_model
 
         self.config, self.ring = config, ring
-        self.drafter = TreeDrafter(shared_model("draft"), config, config.draft_ms / 1e3, ring.clock, ring.dilation)
+        self.drafter = TreeDrafter(shared_model(draft_name(config.draft, ring.stage.model)), config, config.draft_ms / 1e3, ring.clock, ring.dilation)
         self.sequence: list[int] = []
         self.kept: list[int] = []  # slots of the last round's accepted path, for the next TREE plan
         self.generated = 0
@@ -244,7 +245,7 @@ class TreeMode:
     async def run(self) -> int:
         config = self.config
         block_size = self.ring.stage.model.config.block_size
-        await self.restart(prompt_ids(config, block_size))
+        await self.restart(prompt_ids(config, self.ring.stage.model))
         while self.generated < config.tokens:
             if len(self.sequence) + config.tree_depth + 1 > block_size:
                 await self.restart(self.sequence[-CONTEXT_KEEP:])

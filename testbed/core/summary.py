@@ -240,6 +240,9 @@ class AgentUsage(JsonRecord):
     box_wall_s: float  # on the box's clock (under time dilation D, D times the scenario's)
     cpu_s: float
     max_rss_mb: float
+    # the process's own memory at its end (private pages: USS), where RSS also counts the pages an agent shares with
+    # the fork server it was forked from (torch, transformers, the byte models); None where not measured
+    uss_mb: float | None = None
 
     @property
     def cpu_share(self) -> float:

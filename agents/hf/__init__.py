@@ -1,0 +1,10 @@
+"""Local Hugging Face checkpoints on the ring (model = "hf:PATH"): split by decoder layer across the stages.
+
+`agents.hf.checkpoint` reads a checkpoint directory without torch (config.json, the safetensors headers, the
+tokenizer), so the launcher, the CLI and the summaries can check and describe it; `agents.hf.model` computes with
+it (torch and transformers' own layer classes), in the agents only.
+"""
+
+from agents.hf.checkpoint import HF_PREFIX, Checkpoint, is_hf
+
+__all__ = ["HF_PREFIX", "Checkpoint", "is_hf"]

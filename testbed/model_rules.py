@@ -1,0 +1,68 @@
+"""The scenario's models: `model` (the stages' weights) and `decode.draft`, a byte model by name or a local
+checkpoint "hf:PATH" (agents.hf), checked where the scenario is loaded (the path, the checkpoint, the split, the
+draft's vocabulary), so a bad one is exit 2 naming the key and the file, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents.configs import MODEL_CONFIGS
+from agents.hf.checkpoint import HF_PREFIX, Checkpoint, is_hf
+from testbed.core.decode import DRAFT_KINDS, DecodeConfig
+from testbed.core.errors import ConfigError
+
+BYTE_MODELS = tuple(MODEL_CONFIGS)
+DRAFTING_MODES = ("speculative", "tree")  # the modes that draft with decode.draft (and edge clients: spec.placement)
+
+
+def checkpoint_name(value: str, source: str, key: str) -> str:
+    """"hf:PATH" as the absolute, checked "hf:/abs/PATH" every agent opens (PATH relative to the working directory)."""
+    path = Path(value[len(HF_PREFIX):]).expanduser()
+    if not str(path):
+        raise ConfigError(f"expected hf:PATH, a checkpoint directory, got {value!r}", source=source, key=key)
+    try:
+        return Checkpoint.open(path).name
+    except ConfigError as exc:
+        raise ConfigError(str(exc), source=source, key=key) from None
+
+
+def model_name(value: object, source: str, key: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, or a checkpoint "hf:PATH"."""
+    if isinstance(value, str) and is_hf(value):
+        return checkpoint_name(value, source, key)
+    if value not in choices:
+        raise ConfigError(f"expected one of {', '.join(repr(c) for c in choices)} or \"hf:PATH\", got {value!r}",
+                          source=source, key=key)
+    return str(value)
+
+
+def check_models(model: str, decode: DecodeConfig, *, parallel: str, drafts_on_edge: bool, source: str) -> None:
+    """What a checkpoint can and cannot run with, and a draft that fits its target."""
+    if is_hf(model) and parallel == "tp":
+        raise ConfigError("tensor parallelism splits the byte models' matmuls (agents.tp); a checkpoint runs "
+                          "parallel = \"pp\"", source=source, key="parallel")
+    drafts = decode.mode in DRAFTING_MODES or drafts_on_edge
+    if not is_hf(decode.draft):
+        if is_hf(model) and drafts and decode.draft == "trained":
+            raise ConfigError("the shipped byte draft does not share a checkpoint's tokenizer: set decode.draft to "
+                              "\"hf:PATH\" (a draft checkpoint with the same tokenizer) or \"calibrated\"",
+                              source=source, key="decode.draft")
+        return
+    draft = Checkpoint.open(decode.draft)
+    if not is_hf(model):
+        raise ConfigError(f"a checkpoint draft needs a checkpoint target with its tokenizer, not the byte model "
+                          f"{model!r}", source=source, key="decode.draft")
+    target = Checkpoint.open(model)
+    if draft.vocabulary().vocab != target.vocabulary().vocab or draft.shape.vocab_size != target.shape.vocab_size:
+        raise ConfigError(f"the draft's vocabulary ({draft.shape.vocab_size} rows, tokenizer of "
+                          f"{draft.vocabulary().size}) is not the target's ({target.shape.vocab_size}, "
+                          f"{target.vocabulary().size}): speculation needs the same tokenizer",
+                          source=source, key="decode.draft")
+
+
+def draft_rule(dec: dict, source: str) -> str:
+    """decode.draft: "trained", "calibrated" or a checkpoint "hf:PATH"."""
+    return model_name(dec.get("draft", DecodeConfig.draft), source, "decode.draft", DRAFT_KINDS)
+
+
+__all__ = ["BYTE_MODELS", "check_models", "checkpoint_name", "draft_rule", "model_name"]
