@@ -118,21 +118,3 @@ def report(meta: dict, models: dict[str, GPT]) -> str:
         lines.append(f"target, T={temperature:g}, from {DEFAULT_PROMPT!r}:\n{DEFAULT_PROMPT}{text}")
     return "\n".join(lines)
 
-
-def checkpoint_acceptance(target_name: str, draft_name: str, n_windows: int = ALPHA_WINDOWS,
-                          window_tokens: int = 128, temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)) -> dict[float, float]:
-    """alpha-hat of a draft checkpoint against a target checkpoint ("hf:PATH" each), on the held-out corpus text
-    tokenized by the target's tokenizer: {temperature: alpha-hat} (agents.train --model hf:PATH --draft hf:PATH)."""
-    from agents.corpus import build_corpus
-    from agents.shared import shared_model
-    from testbed.core.errors import ConfigError
-
-    target, draft = shared_model(target_name), shared_model(draft_name)
-    if target.vocabulary.vocab != draft.vocabulary.vocab or target.config.vocab_size != draft.config.vocab_size:
-        raise ConfigError("the draft's tokenizer is not the target's: alpha-hat compares their distributions "
-                          "token for token", source=draft_name)
-    ids = torch.tensor(target.vocabulary.encode(build_corpus().val.decode("utf-8", errors="replace")))
-    seq = min(window_tokens, target.config.block_size - 1, draft.config.block_size - 1)
-    starts = torch.linspace(0, len(ids) - seq - 1, n_windows).long()  # [N]
-    windows = ids[starts[:, None] + torch.arange(seq + 1)]  # [N, seq+1]
-    return {t: acceptance(target, draft, windows, t) for t in temperatures}

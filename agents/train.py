@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from agents.checkpoint import _load_state, _locked, _save_fp16, _save_state, _sha256, _threads, _write_json
 from agents.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
+from agents.hf.quality import checkpoint_report
 from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
 from agents.configs import DRAFT_CONFIG, MODEL_CONFIGS, GPTConfig
 from agents.model import GPT
@@ -131,10 +132,8 @@ def train_model(name: str, corpus: Corpus, config: GPTConfig | None = None, cfg:
     model = GPT(config)
     # Weight decay only on matrices; norms and biases (vectors) are left alone, as in nanoGPT.
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr_max, betas=(0.9, cfg.beta2))
     batches = torch.Generator().manual_seed(cfg.seed)  # own generator: the data order does not depend on init
     offsets = torch.arange(cfg.seq_len + 1)  # [T+1]
@@ -219,10 +218,9 @@ def _train_into_cache(corpus: Corpus, key: str, cache_dir: pathlib.Path) -> dict
     meta["unigram_val_loss"] = unigram_loss(corpus.val)
     meta["train_seconds"] = time.perf_counter() - started
     _write_json(cache_dir / META_FILE, meta)
-    current = {_weights_path(cache_dir, name, key) for name in MODEL_CONFIGS}
-    for stale in [*cache_dir.glob("*.pt"), *cache_dir.glob("*.safetensors")]:  # .pt: before safetensors
-        if stale not in current and ".fp32." not in stale.name:  # --retrain's files are its own
-            stale.unlink(missing_ok=True)
+    keep = {_weights_path(cache_dir, name, key) for name in MODEL_CONFIGS} | set(cache_dir.glob("*.fp32.*"))  # --retrain's
+    for stale in {*cache_dir.glob("*.pt"), *cache_dir.glob("*.safetensors")} - keep:  # .pt: from before safetensors
+        stale.unlink(missing_ok=True)
     return meta
 
 
@@ -367,26 +365,6 @@ def check(weights_dir: pathlib.Path = WEIGHTS_DIR) -> list[str]:
     return problems
 
 
-def checkpoint_report(target: str | None, draft: str | None) -> int:
-    """`--model hf:PATH --draft hf:PATH`: the pair's alpha-hat on held-out text; 2 with one line on bad input."""
-    from agents.hf.checkpoint import is_hf
-    from agents.measure import checkpoint_acceptance
-    from testbed.core.errors import ConfigError
-
-    if not (target and draft and is_hf(target) and is_hf(draft)):
-        print("error: --model hf:PATH and --draft hf:PATH go together (local checkpoints)")
-        return 2
-    try:
-        alpha = checkpoint_acceptance(target, draft)
-    except ConfigError as exc:
-        print(f"error: {exc}")
-        return 2
-    print(f"draft {draft} against target {target}, {ALPHA_WINDOWS} held-out windows in the target's tokens")
-    for temperature, value in alpha.items():
-        print(f"  alpha-hat at T = {temperature:g}: {value:.3f}" + ("  (argmax agreement)" if temperature == 0 else ""))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None, help=f"default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR}")
@@ -395,11 +373,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", choices=[*MODEL_CONFIGS, "previous"], default=(),
                         help="with --retrain: train just these into the cache (then --retrain --resume gathers them)")
     parser.add_argument("--check", action="store_true", help="verify the shipped weights: recipe hash, sha256, loading, loss")
-    parser.add_argument("--model", help="hf:PATH: the quality table of a local checkpoint pair instead (with --draft)")
-    parser.add_argument("--draft", help="hf:PATH: the draft checkpoint whose alpha-hat against --model is printed")
+    parser.add_argument("--model", nargs=2, metavar=("hf:TARGET", "hf:DRAFT"), help="a checkpoint pair's alpha-hat instead")
     args = parser.parse_args(argv)
-    if args.model or args.draft:
-        raise SystemExit(checkpoint_report(args.model, args.draft))
+    if args.model:
+        raise SystemExit(checkpoint_report(*args.model))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.check:
         problems = check()

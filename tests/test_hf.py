@@ -196,16 +196,15 @@ def test_no_weights_are_unpickled_anywhere():
 def test_the_quality_table_prints_a_checkpoint_pairs_alpha_hat(checkpoints, capsys):
     """agents.train --model/--draft: a checkpoint against itself agrees everywhere (alpha-hat 1 at every T), a
     different draft somewhere below; a draft with another vocabulary is exit 2 in one line."""
-    from agents import train
-    from agents.measure import checkpoint_acceptance
+    from agents.hf.quality import checkpoint_acceptance, checkpoint_report
 
     target, draft = f"hf:{checkpoints['llama']}", f"hf:{checkpoints['llama-draft']}"
     assert checkpoint_acceptance(target, target, n_windows=4) == pytest.approx({0.0: 1.0, 0.7: 1.0, 1.0: 1.0})
     alpha = checkpoint_acceptance(target, draft, n_windows=4)
     assert 0.0 <= alpha[0.0] < 1.0 and all(0.0 < alpha[t] < 1.0 for t in (0.7, 1.0))  # random weights: argmax rarely agrees
-    assert train.checkpoint_report(target, draft) == 0
+    assert checkpoint_report(target, draft) == 0
     assert "alpha-hat at T = 0.7" in capsys.readouterr().out
-    assert train.checkpoint_report(target, f"hf:{checkpoints['llama-wide-vocab']}") == 2
+    assert checkpoint_report(target, f"hf:{checkpoints['llama-wide-vocab']}") == 2
     assert "tokenizer is not the target's" in capsys.readouterr().out
 
 
