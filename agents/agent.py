@@ -113,7 +113,7 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
     model = shared_model(spec.model, (spec.first_layer, spec.last_layer, plan.is_entry or spec.is_head or spec.head_on_last))
     ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms,
                       mode=spec.decode.mode, report=control.send, clock=clock, log=say, dilation=spec.dilation,
-                      per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token,
+                      per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token, roofline=spec.roofline,
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
                       kv_ship=spec.kv_ship, tp=spec.tp, transport=transport)
     ring.lap_timeout_s = spec.lap_timeout_s

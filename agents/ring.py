@@ -18,6 +18,7 @@ from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
 from testbed.core.transport import TCP, Transport
 from testbed.core.records import LAP_TIMEOUT_S, Address, HeadTiming, LapRecord, Stamp
+from testbed.core.roofline import Roofline
 
 CONNECT_TIMEOUT_S = 30.0
 CONNECT_RETRY_S = 0.05
@@ -40,13 +41,14 @@ class RingClient:
                  log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
                  prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
                  codec: wire.WireConfig | None = None, kv_ship: bool = False, tp: TPConfig | None = None,
-                 transport: Transport = TCP) -> None:
+                 transport: Transport = TCP, roofline: Roofline | None = None) -> None:
         self.stage = stage
         self.index = stage_index
         self.n_stages = n_stages
         self.compute_s = compute_ms / 1e3  # already dilated by the launcher, as the two below
         self.per_token_s = per_token_ms / 1e3
         self.prefill_per_token_s = prefill_ms_per_token / 1e3
+        self.roofline = roofline  # compute from hardware: replaces the three above (StageConfig.cost_ms)
         self.batching = batching
         self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
         self.kv_ship = kv_ship
@@ -72,8 +74,10 @@ class RingClient:
         self.frontier: dict[int, int] = {}  # stream -> its cache length once the frames queued so far are computed
         self.tree_nodes: dict[int, int] = {}  # stream -> nodes of the tree its next queued block is
 
-    def cost_s(self, n_tok: int = 1, batch: int = 1) -> float:
-        """Emulated compute of one forward pass over n_tok positions of each of `batch` streams (StageConfig.cost_ms)."""
+    def cost_s(self, n_tok: int = 1, batch: int = 1, context: int = 0) -> float:
+        """Emulated compute of a pass over n_tok positions of `batch` streams seeing `context` (StageConfig.cost_ms)."""
+        if self.roofline is not None:
+            return self.roofline.seconds(n_tok, batch, context)
         return self.compute_s + self.prefill_per_token_s * (n_tok - 1) + self.per_token_s * (batch - 1)
 
     @property
@@ -85,7 +89,7 @@ class RingClient:
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Read frames from one upstream connection into the inbox; a bad frame closes this connection only."""
         inbound = self.transport.inbound(stream)
-        reader = wire.FrameReader(stream, inbound.receive, now=self.clock.now)
+        reader = wire.FrameReader(stream, inbound.receive, now=self.clock.now, codec=self.codec)
         try:
             while (item := await reader.read()) is not None:
                 if item[0].kind != wire.Kind.KV:
@@ -214,8 +218,8 @@ class RingClient:
         """The frame to send on, with this stage's stamp (send time taken now, just before sending); the stamp
         counts every byte sent for it on the hop (`extra_bytes`: shipped KV ahead of it)."""
         tensor = frame.tensor if tensor is None else tensor
-        size = (wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size + wire.payload_bytes(tensor, self.codec)
-                + extra_bytes)
+        size = (wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size
+                + wire.payload_bytes(tensor, self.codec, frame.kind) + extra_bytes)
         stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
         return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
 
@@ -227,10 +231,9 @@ class RingClient:
     async def serve(self) -> None:
         """Non-entry stages: compute on every frame and pass it on, until SHUTDOWN.
 
-        batching "none": one frame per forward pass, in arrival order (a frame that arrives while the stage
-        is busy queues). "continuous": every one-token frame queued when the stage turns to its inbox (and
-        the rest of their bursts) runs as one batched forward pass, then moves on as one burst.
-        """
+        batching "none": one frame per forward pass, in arrival order (a frame that arrives while the stage is busy
+        queues). "continuous": every one-token frame queued when the stage turns to its inbox (and the rest of their
+        bursts) runs as one batched forward pass, then moves on as one burst."""
         self.serving = True
         while True:
             items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
@@ -255,7 +258,8 @@ class RingClient:
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
                     kv = self.tree_ahead.pop(frame.stream, b"") + self.kv_frame(frame.pos, n_tok, frame.stream)
-                    await self.clock.sleep_until(start + max(self.cost_s(n_tok), self.dilation * (real_end - start)))
+                    await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos + n_tok),
+                                                             self.dilation * (real_end - start)))
                     await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
                                                  extra_bytes=len(kv)), kv=kv)
                     continue
@@ -264,7 +268,8 @@ class RingClient:
                                                [f.stream for f, _ in group])
                 real_end = self.clock.now()
                 b = len(group)
-                await self.clock.sleep_until(start + max(self.cost_s(1, b), self.dilation * (real_end - start)))
+                cost = self.cost_s(1, b, sum(f.pos + 1 for f, _ in group) / b)  # each stream reads its KV: b x the mean
+                await self.clock.sleep_until(start + max(cost, self.dilation * (real_end - start)))
                 end = self.clock.now()
                 await self.send_burst([self.stamped(f, recv_i, start, real_end, end, h, b)
                                        for (f, recv_i), h in zip(group, hiddens)])
@@ -287,10 +292,9 @@ class RingClient:
                   ) -> tuple[Any, LapRecord]:
         """One traversal for a block of tokens at positions pos..; `decide(logits)` runs in the head.
 
-        Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before
-        `report`). Entry compute (front + head) is padded to compute_ms. A token tree (agents.modes.tree) gives
-        its plan (PipelineStage.set_tree) and its nodes' positions; the plan travels ahead of the block.
-        """
+        Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before `report`). Entry
+        compute (front + head) is padded to its cost. A token tree (agents.modes.tree) gives its plan
+        (PipelineStage.set_tree) and its nodes' positions; the plan travels ahead of the block."""
         lap_no, self.lap_no = self.lap_no, self.lap_no + 1
         start = self.clock.now()
         if tree is not None:
@@ -316,7 +320,7 @@ class RingClient:
         head_real_end = self.clock.now()
         front = front_real_end - start
         real = front + head_real_end - head_start
-        cost = self.cost_s(len(ids))
+        cost = self.cost_s(len(ids), 1, pos + len(ids))
         await self.clock.sleep_until(max(head_real_end, head_start + max(cost, self.dilation * real) - front))
         end = self.clock.now()
         record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
@@ -326,11 +330,10 @@ class RingClient:
     async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
         """Chunked prefill (as vLLM and Sarathi): the prompt in chunks of `chunk` tokens, sent back to back.
 
-        The chunks are pipelined: chunk j+1 leaves the entry while chunk j is on the ring (each stage keeps
-        the earlier chunks' KV, and frames on a link stay in order). Every chunk but the last is reported
-        now as a "prefill" lap with extra chunk/chunks; the last one's record (with the head) is returned,
-        like `lap`. A single chunk is exactly `lap`.
-        """
+        The chunks are pipelined: chunk j+1 leaves the entry while chunk j is on the ring (each stage keeps the
+        earlier chunks' KV, and frames on a link stay in order). Every chunk but the last is reported now as a
+        "prefill" lap with extra chunk/chunks; the last one's record (with the head) is returned, like `lap`. A
+        single chunk is exactly `lap`."""
         if chunk <= 0 or chunk >= len(ids) or self.n_stages == 1:
             return await self.lap(ids, 0, "prefill", decide)
         blocks = [(ids[i:i + chunk], i) for i in range(0, len(ids), chunk)]
@@ -342,7 +345,8 @@ class RingClient:
             hidden = self.stage.embed_and_run(block, pos)
             real_end = self.clock.now()
             if j < n - 1:  # the last chunk's front is padded together with the head, as in `lap`
-                await self.clock.sleep_until(start + max(self.cost_s(len(block)), self.dilation * (real_end - start)))
+                await self.clock.sleep_until(start + max(self.cost_s(len(block), 1, pos + len(block)),
+                                                         self.dilation * (real_end - start)))
             end = self.clock.now()
             frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden,
                                flags=wire.NO_SAMPLE if j < n - 1 else 0)
@@ -363,7 +367,7 @@ class RingClient:
             result = self.head(back, decide)
             head_real_end = self.clock.now()
             real = front + head_real_end - head_start
-            await self.clock.sleep_until(max(head_real_end, head_start + max(self.cost_s(len(block)),
+            await self.clock.sleep_until(max(head_real_end, head_start + max(self.cost_s(len(block), 1, len(ids)),
                                                                              self.dilation * real) - front))
             end = self.clock.now()
             record = LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, end, back.stamps, return_recv,

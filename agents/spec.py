@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from testbed.core.decode import DecodeConfig, SpecConfig, TPConfig, WireConfig
 from testbed.core.records import LAP_TIMEOUT_S, JsonRecord
+from testbed.core.roofline import Roofline
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class AgentSpec(JsonRecord):
     dilation: float = 1.0  # time dilation D: compute_ms and decode times are already multiplied by it
     per_token_ms: float = 0.0  # StageConfig.cost_ms: emulated cost of a batch / a block beyond one token
     prefill_ms_per_token: float = 0.0
+    roofline: Roofline | None = None  # compute from hardware (StageConfig.cost_ms), already dilated; None: the above
     wire: WireConfig = WireConfig()  # the hidden states' codec on every link
     kv_ship: bool = False  # placement.kv = "ship": send each step's new K and V to the successor too
     is_head: bool = False  # placement.head = "separate": this agent is the LM head after the last stage

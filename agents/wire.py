@@ -7,16 +7,23 @@ Layout (little-endian)::
 
     header  (HEADER.size bytes)
       magic b"GRNG" | version u8 | kind u8 | dtype u8 | ndim u8 | stream u32 | lap u64 |
-      pos u32 | flags u32 | shape 4 x u32 | n_stamps u16 | block u16 | payload_len u32
+      pos u32 | flags u32 | shape 4 x u32 | n_stamps u16 | block u16 | payload_len u32 | pad_len u32
     stamps  (n_stamps x STAMP.size bytes), one per stage the frame has passed, in order
       stage u16 | batch u16 | sent_bytes u32 | recv f64 | compute_start f64 | real_end f64 |
       compute_end f64 | send f64          (seconds on the box's one CLOCK_MONOTONIC)
     payload (payload_len bytes): the tensor, C order; for int8-block (Petals-style blockwise absmax int8) the
       n int8 values of the flattened tensor, then one float32 scale per `block` consecutive values
+    padding (pad_len zero bytes): an emulated geometry's extra bytes (below)
 
 A codec (WireConfig: "f32", "f16", "int8-block") is chosen per scenario: the sender encodes a float32 hidden
 state with it and the receiver gets float32 back (f16 upcast, int8-block dequantized); bytes on the wire
 shrink 2x or ~3.9x, at the cost of the rounding the model then sees.
+
+Emulated geometry (a scenario's [geometry], testbed.deploy): a HIDDEN frame stands for the hidden state of a model
+`codec.width` wide with `codec.value_bytes` bytes a value, so it carries as many bytes as that state would under
+the codec (emulated_payload_bytes): the tiny model's own tensor, then zeros up to that size. Sockets, the relay's
+serialization and netem see the real model's sizes; the receiver checks that the padding is exactly what the
+frame's shape implies under its own codec, and all zeros, and drops it.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ import trio
 from testbed.core.errors import LinkBroken, WireError
 from testbed.core.decode import CODECS, MAX_BLOCK, WireConfig
 from testbed.core.records import Stamp
+from agents.codec import (dequantize_blocks, emulated_payload_bytes, int8_block_bytes,  # noqa: F401 - re-exported
+                          quantize_blocks)
 
 MAGIC = b"GRNG"
-VERSION = 1
-HEADER = struct.Struct("<4sBBBBIQII4IHHI")
+VERSION = 2  # 2: pad_len (an emulated geometry's padding)
+HEADER = struct.Struct("<4sBBBBIQII4IHHII")
 STAMP = struct.Struct("<HHIddddd")
 MAX_NDIM = 4
 MAX_STAMPS = 1026  # one per stage passed: a ring of testbed.config.MAX_STAGES (1024) stages and a separate head
@@ -81,37 +90,25 @@ class DType(enum.IntEnum):
     INT32 = 4  # token ids
 
 
-def quantize_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Blockwise absmax int8 of the flattened x: q = round(x / s), s = max|x| / 127 per block of `block` values."""
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    n_blocks = -(-flat.size // block)
-    padded = np.zeros(n_blocks * block, np.float32)
-    padded[:flat.size] = flat
-    blocks = padded.reshape(n_blocks, block)  # [blocks, block]
-    scales = np.abs(blocks).max(axis=1) / 127.0  # [blocks]
-    safe = np.where(scales > 0, scales, 1.0)
-    q = np.clip(np.rint(blocks / safe[:, None]), -127, 127).astype(np.int8).reshape(-1)[:flat.size]
-    return q, scales.astype(np.float32)
-
-
-def dequantize_blocks(q: np.ndarray, scales: np.ndarray, block: int, shape: tuple[int, ...]) -> np.ndarray:
-    n = q.size
-    expanded = np.repeat(scales, block)[:n]  # the scale of each value's block
-    return (q.astype(np.float32) * expanded).reshape(shape)
-
-
-def int8_block_bytes(n_values: int, block: int) -> int:
-    return n_values + 4 * (-(-n_values // block))
-
-
-def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None) -> int:
-    """Bytes the tensor takes on the wire under `codec` (what a stamp's sent_bytes counts)."""
+def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, kind: "Kind | None" = None) -> int:
+    """Bytes the tensor takes on the wire under `codec` (what a stamp's sent_bytes counts), with an emulated
+    geometry's padding when it is a HIDDEN frame's."""
     if tensor is None:
         return 0
     name = codec.codec if codec is not None and tensor.dtype == np.float32 else "f32"
     if name == "int8-block":
-        return int8_block_bytes(tensor.size, codec.block)
-    return tensor.size * (2 if name == "f16" or tensor.dtype == np.float16 else 4)
+        own = int8_block_bytes(tensor.size, codec.block)
+    else:
+        own = tensor.size * (2 if name == "f16" or tensor.dtype == np.float16 else 4)
+    return own + pad_bytes(kind, tensor.shape, own, codec)
+
+
+def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, codec: WireConfig | None) -> int:
+    """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
+    the geometry's bytes for its positions; every other frame none. Never negative: a frame is at least its own."""
+    if codec is None or not codec.width or kind != Kind.HIDDEN or not shape:
+        return 0
+    return max(0, emulated_payload_bytes(math.prod(shape[:-1]), codec) - payload_len)
 
 
 NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2"), DType.INT32: np.dtype("<i4")}
@@ -239,10 +236,11 @@ def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
         raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
+    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec)
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
     return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
-                                 frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload)),
-                     packed_stamps(frame.stamps), payload))
+                                 frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload), pad),
+                     packed_stamps(frame.stamps), payload, bytes(pad)))
 
 
 @dataclass(frozen=True)
@@ -257,18 +255,20 @@ class _Header:
     n_stamps: int
     payload_len: int
     block: int = 0  # int8-block: values per scale
+    pad_len: int = 0  # an emulated geometry's zeros after the payload
 
     @property
     def body_len(self) -> int:
-        return self.n_stamps * STAMP.size + self.payload_len
+        return self.n_stamps * STAMP.size + self.payload_len + self.pad_len
 
 
-def decode_header(data: bytes | bytearray | memoryview) -> _Header:
-    """Parse and validate a header; every field is checked before anything is allocated."""
+def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None = None) -> _Header:
+    """Parse and validate a header; every field is checked before anything is allocated. `codec`: the receiver's
+    [wire], whose emulated geometry says how much padding a HIDDEN frame of this shape must carry (none without)."""
     if len(data) < HEADER.size:
         raise WireError(f"short header: {len(data)} of {HEADER.size} bytes")
     (magic, version, kind, dtype, ndim, stream, lap, pos, flags, d0, d1, d2, d3, n_stamps, block,
-     payload_len) = HEADER.unpack_from(data)
+     payload_len, pad_len) = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WireError(f"bad magic {magic!r}; expected {MAGIC!r}")
     if version != VERSION:
@@ -308,12 +308,20 @@ def decode_header(data: bytes | bytearray | memoryview) -> _Header:
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
                             f"({expected} bytes)")
-    return _Header(kind, dtype, shape, stream, lap, pos, flags, n_stamps, payload_len, block)
+    expected_pad = pad_bytes(kind, shape, payload_len, codec)
+    if pad_len != expected_pad:  # the geometry bounds a frame: nothing larger than its shape implies gets in
+        raise WireError(f"padding of {pad_len} bytes; a {kind.name} frame of shape {shape} carries {expected_pad} under "
+                        f"this run's geometry ({codec.width if codec is not None else 0} wide)")
+    return _Header(kind, dtype, shape, stream, lap, pos, flags, n_stamps, payload_len, block, pad_len)
 
 
 def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
     if len(body) != header.body_len:
         raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
+    if header.pad_len:
+        if np.frombuffer(body, np.uint8, offset=header.body_len - header.pad_len).any():
+            raise WireError(f"{header.pad_len} bytes of padding that are not all zero")
+        body = memoryview(body)[:header.body_len - header.pad_len]
     stamps = Stamps(body[:header.n_stamps * STAMP.size])
     tensor = None
     if header.dtype == DType.INT8_BLOCK:
@@ -329,9 +337,9 @@ def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
     return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, stamps)
 
 
-def decode(data: bytes) -> Frame:
+def decode(data: bytes, codec: WireConfig | None = None) -> Frame:
     """Decode one whole frame held in memory (tests, tools)."""
-    header = decode_header(data)
+    header = decode_header(data, codec)
     if len(data) != HEADER.size + header.body_len:
         raise WireError(f"frame is {len(data)} bytes; header says {HEADER.size + header.body_len}")
     return decode_body(header, memoryview(data)[HEADER.size:])
@@ -342,8 +350,9 @@ class FrameReader:
 
     def __init__(self, stream: trio.abc.ReceiveStream,
                  receive: Callable[[int], Awaitable[bytes]] | None = None,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, codec: WireConfig | None = None) -> None:
         self._stream = stream
+        self._codec = codec  # the run's [wire]: its emulated geometry bounds the padding a frame may carry
         self._receive = receive or stream.receive_some
         self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
         self._buffer = bytearray()
@@ -365,7 +374,7 @@ class FrameReader:
         """The next frame if all of it is already buffered (no I/O), else None: drains a burst in one go."""
         if len(self._buffer) < HEADER.size:
             return None
-        header = decode_header(self._buffer)
+        header = decode_header(self._buffer, self._codec)
         total = HEADER.size + header.body_len
         if len(self._buffer) < total:
             return None
@@ -377,7 +386,7 @@ class FrameReader:
         """The next frame and the monotonic time it was complete, or None at a clean end of stream."""
         if not await self._fill(HEADER.size):
             return None
-        header = decode_header(self._buffer)
+        header = decode_header(self._buffer, self._codec)
         total = HEADER.size + header.body_len
         if not await self._fill(total):
             raise LinkBroken("connection closed mid-frame")

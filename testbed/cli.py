@@ -154,8 +154,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         out.append(f"# dilation x{args.dilation:g}: the box runs every delay and compute below; figures are reported "
                    f"in the scenario's time (/ {args.dilation:g})")
         scenario = scenario.dilated(args.dilation)
-    out += [f"# stage {i} {st.name}: layers {first}..{last - 1}, compute {st.compute_ms:g} ms emulated"
+    out += [f"# stage {i} {st.name}: layers {first}..{last - 1}, compute {st.cost_ms():g} ms emulated"
+            + (f" (roofline of {st.devices} x {st.hardware}, a decode step at context 0)" if st.roofline else "")
             for i, (st, (first, last)) in enumerate(zip(scenario.stages, ranges))]
+    if (geo := scenario.geometry) is not None:
+        out.append(f"# geometry {geo.name}: d_model {geo.d_model} in {geo.dtype}, {geo.layers} layers; a decode frame "
+                   f"carries {geo.hidden_bytes(1)} bytes of hidden state on every hop (padded)")
     _backend, lines = plan_lines(args.shaper, list(scenario.links), scenario.n_stages, new_run_id(),
                                  ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
     for line in out + lines:

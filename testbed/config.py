@@ -19,6 +19,9 @@ from testbed.placement_rules import edge_links, placement_from_dict as _placemen
 from testbed.placement_rules import tensor_parallel as _tensor_parallel
 from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
+from testbed.core.roofline import Roofline
+from testbed.deploy.catalog import ModelPreset
+from testbed.deploy.rules import apply_geometry
 from testbed.regions import RegionMatrix, parse_regions as _regions
 from testbed.schedule import LinkEvent, parse_schedule
 from testbed.validate import check_keys as _check_keys
@@ -41,8 +44,16 @@ class StageConfig:
     prefill_ms_per_token: float = 0.0  # marginal cost of one more position in a block (compute-bound prefill)
     region: str | None = None  # a name of the scenario's [regions]: the ring hops come from its matrix
     is_head: bool = False  # the separate LM head's agent (placement.head = "separate"): no layers, appended last
+    # Compute from hardware (testbed.deploy): the stage's share of the [geometry] model on `devices` of a preset (or
+    # a [hardware.NAME] of the scenario); its roofline is worked out at load. compute_ms, when given, overrides it.
+    hardware: str | None = None
+    devices: int = 1
+    roofline: Roofline | None = None  # derived, not a TOML key (None where compute_ms is given)
 
-    def cost_ms(self, n_tok: int = 1, batch: int = 1) -> float:
+    def cost_ms(self, n_tok: int = 1, batch: int = 1, context: int = 0) -> float:
+        """A forward pass over n_tok positions of each of `batch` streams attending to `context` positions."""
+        if self.roofline is not None:
+            return self.roofline.seconds(n_tok, batch, context) * 1e3
         return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
 
 
@@ -65,6 +76,7 @@ class Scenario:
     spec: SpecConfig = SpecConfig()  # where the draft runs; "edge": spec.clients agents after the stages
     schedule: tuple[LinkEvent, ...] = ()  # [[network.schedule]]: links changing over time (testbed.schedule)
     lap_timeout_s: float = LAP_TIMEOUT_S  # a frame not back within this long means a peer or a link is gone
+    geometry: ModelPreset | None = None  # [geometry]: the model the frames and the rooflines emulate (testbed.deploy)
 
     @property
     def n_agents(self) -> int:
@@ -88,7 +100,7 @@ class Scenario:
 
     @property
     def emulated_compute_s(self) -> float:
-        return sum(stage.compute_ms for stage in self.stages) / 1e3
+        return sum(stage.cost_ms() for stage in self.stages) / 1e3
 
     def dilated(self, factor: float, base_ms: tuple[float, ...] = ()) -> "Scenario":
         """What the box runs under time dilation `factor` (testbed.dilation): every delay, jitter, emulated
@@ -106,7 +118,9 @@ class Scenario:
                               rate_mbit=link.rate_mbit / factor if link.rate_mbit else 0.0)
                       for i, link in enumerate(self.links))
         stages = tuple(replace(stage, compute_ms=stage.compute_ms * factor, per_token_ms=stage.per_token_ms * factor,
-                               prefill_ms_per_token=stage.prefill_ms_per_token * factor) for stage in self.stages)
+                               prefill_ms_per_token=stage.prefill_ms_per_token * factor,
+                               roofline=stage.roofline.scaled(factor) if stage.roofline else None)
+                       for stage in self.stages)
         decode = replace(self.decode, draft_ms=self.decode.draft_ms * factor)
         return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor,
                        schedule=tuple(e.scaled(factor, rates=True) for e in self.schedule),
@@ -116,11 +130,11 @@ class Scenario:
 # --- loading -----------------------------------------------------------------------------------
 
 _TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
-             "parallel", "tp", "spec"}
+             "parallel", "tp", "spec", "geometry", "hardware"}
 _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
-_WIRE_KEYS = {f.name for f in fields(WireConfig)}
-_STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head"}  # the head's agent comes from [placement]
+_WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes"}  # those come from [geometry]
+_STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline"}  # the head's from [placement]
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links", "schedule",
                  "lap_timeout_s"}
 _LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
@@ -229,6 +243,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
             per_token_ms=_number(st, "per_token_ms", 0.0, source, where, maximum=60_000) * scale,
             prefill_ms_per_token=_number(st, "prefill_ms_per_token", 0.0, source, where, maximum=60_000) * scale,
             region=_string(st, "region", "", source, where) or None,
+            hardware=_string(st, "hardware", "", source, where) or None,
+            devices=_number(st, "devices", 1, source, where, minimum=1, maximum=4096, integer=True),
         ))
     placement = _placement(raw.get("placement", {}), source, scale)
     if placement.head == "separate":
@@ -348,13 +364,14 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     check_models(model, decode, parallel=parallel, drafts_on_edge=spec.placement == "edge", source=source)
     if is_hf(model):  # a byte model's split is checked at launch, a checkpoint's here: its layers are its own
         split_layers(model_config(model).n_layer, tuple(stages), source)
+    geometry, stages, wire = apply_geometry(raw, stages, wire, placement.head, model, scale, source)
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
     lap_timeout_s = _number(net, "lap_timeout_s", LAP_TIMEOUT_S, source, "network", minimum=0.1, maximum=3600) * scale
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,
-                    lap_timeout_s=lap_timeout_s)
+                    lap_timeout_s=lap_timeout_s, geometry=geometry)
 
 
 def split_layers(n_layers: int, stages: tuple[StageConfig, ...], source: str = "<scenario>") -> list[tuple[int, int]]:

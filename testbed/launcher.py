@@ -99,7 +99,7 @@ class Launcher:
                             compute_ms=st.compute_ms, decode=sc.decode, runner=mode.runner, model=sc.model,
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
-                            kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
+                            roofline=st.roofline, kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
                             lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]

@@ -186,7 +186,7 @@ class RunLog:
         self.lap_buckets = latency_buckets([sc.emulated_compute_s + sc.t_ring_s])
         self.modes = {info.metric_kind: ModeAggregate(lap_seconds=RunningHistogram(self.lap_buckets))
                       for info in MODES.values()}
-        compute_buckets = latency_buckets([st.compute_ms / 1e3 for st in sc.stages])
+        compute_buckets = latency_buckets([st.cost_ms() / 1e3 for st in sc.stages])
         self.stages = [StageAggregate(RunningHistogram(compute_buckets), RunningHistogram(compute_buckets))
                        for _ in sc.stages]
         self.hops = [HopAggregate.over(RunningHistogram(latency_buckets([link.delay_ms / 1e3])), window_laps)

@@ -83,7 +83,7 @@ def from_laps(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], 
     stage_compute = np.array([lap.stage_compute_s() for lap in decode]) if decode else None  # [laps, stages]
     stage_real = np.array([lap.stage_real_s() for lap in decode]) if decode else None
     measured_stage = decode and stage_compute.ndim == 2
-    per_stage = tuple(StageSummary(i, st.name, st.compute_ms,
+    per_stage = tuple(StageSummary(i, st.name, st.cost_ms(),
                                    float(stage_compute[:, i].mean()) * 1e3 if measured_stage and i < stage_compute.shape[1] else None,
                                    float(stage_real[:, i].mean()) * 1e3 if measured_stage and i < stage_real.shape[1] else None)
                       for i, st in enumerate(sc.stages))
@@ -98,7 +98,7 @@ def from_totals(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...]
     totals = log.totals
     per_hop = [HopSummary(link.name, link.delay_ms, *totals.hop_percentiles_ms(i, [50, 99]), totals.hop_bytes_mean(i))
                for i, link in enumerate(log.scenario.ring)]
-    per_stage = tuple(StageSummary(i, st.name, st.compute_ms, totals.stage_mean_ms(i), totals.stage_mean_ms(i, real=True))
+    per_stage = tuple(StageSummary(i, st.name, st.cost_ms(), totals.stage_mean_ms(i), totals.stage_mean_ms(i, real=True))
                       for i, st in enumerate(log.scenario.stages))
     residual = totals.residual.mean
     return per_hop, per_stage, residual * 1e3 if residual is not None else None

@@ -47,7 +47,7 @@ def test_f16_halves_the_payload_and_int8_blocks_of_64_take_about_a_quarter():
 def test_the_decoder_refuses_lying_int8_headers():
     x = np.ones((2, 8), np.float32)
     data = bytearray(wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x), WireConfig("int8-block", 4)))
-    block_offset = wire.HEADER.size - 6  # ... n_stamps u16 | block u16 | payload_len u32
+    block_offset = wire.HEADER.size - 10  # ... n_stamps u16 | block u16 | payload_len u32 | pad_len u32
     zero = bytearray(data)
     zero[block_offset:block_offset + 2] = (0).to_bytes(2, "little")
     with pytest.raises(WireError, match="block size 0"):

@@ -368,9 +368,9 @@ def agent(tmp_path_factory):
 
 
 def header(kind=wire.Kind.PROBE, dtype=wire.DType.NONE, ndim=0, dims=(0, 0, 0, 0), n_stamps=0, block=0,
-           payload_len=0, stream=0, lap=0, pos=0, flags=0, magic=wire.MAGIC, version=wire.VERSION) -> bytes:
+           payload_len=0, stream=0, lap=0, pos=0, flags=0, magic=wire.MAGIC, version=wire.VERSION, pad_len=0) -> bytes:
     return wire.HEADER.pack(magic, version, kind, dtype, ndim, stream, lap, pos, flags, *dims, n_stamps, block,
-                            payload_len)
+                            payload_len, pad_len)
 
 
 def payload_len_of(dtype: int, ndim: int, dims: tuple[int, ...], block: int) -> int:

@@ -17,7 +17,7 @@ LAYERS = (
          "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
          "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
          "testbed.decode_rules", "testbed.model_rules", "testbed.schedule", "testbed.collector",
-         "testbed.dilation", "testbed.launcher", "testbed.scenarios")),
+         "testbed.dilation", "testbed.launcher", "testbed.scenarios", "testbed.deploy")),
     (3, ("dashboards",)),
     (4, ("testbed.studies",)),  # a folder per study, and their registry
     (5, ("testbed.report",)),  # reads every study's report part

@@ -53,6 +53,11 @@ class WireConfig(JsonRecord):
 
     codec: str = "f32"  # one of CODECS
     block: int = 64  # int8-block: values per absmax scale
+    # An emulated geometry ([geometry], testbed.deploy; not TOML keys of [wire]): a HIDDEN frame carries the bytes of
+    # a hidden state `width` values wide at `value_bytes` a value (before the codec), padded (agents.wire). 0: the
+    # computing model's own tensor only.
+    width: int = 0
+    value_bytes: int = 4
 
 
 KV_PLACEMENTS = ("local", "ship")

@@ -26,6 +26,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from testbed.deploy.rules import geometry_table
 from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
 from testbed.config import Scenario, scenario_from_dict
 from testbed.regions import RegionMatrix
@@ -110,13 +111,14 @@ def reordered(scenario: Scenario, order: tuple[int, ...], label: str, head_regio
     head_region, the LM head on its own agent there (placement.head = "separate")."""
     raw = {"name": f"{scenario.name}-{label}", "description": f"{label} ring order", "model": scenario.model,
            "stages": [{k: v for k, v in dataclasses.asdict(scenario.stages[i]).items()
-                       if v is not None and k != "is_head"} for i in order],
+                       if v is not None and k not in ("is_head", "roofline")} for i in order],
            "placement": ({"head": "separate", "head_region": head_region} if head_region else {}),
            "regions": {"names": list(scenario.regions.names), "source": scenario.regions.source,
                        "one_way_ms": [list(row) for row in scenario.regions.one_way_ms]},
            "decode": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in dataclasses.asdict(scenario.decode).items()},
-           "wire": dataclasses.asdict(scenario.wire),
+           "wire": {"codec": scenario.wire.codec, "block": scenario.wire.block},
+           **({"geometry": geometry_table(scenario.geometry)} if scenario.geometry else {}),
            # already scaled figures, at scale 1; jitter, loss and rate as the scenario's first hop has them
            "network": {"loss_rto_ms": scenario.loss_rto_ms,
                        **({"jitter_ms": scenario.ring[0].jitter_ms, "loss_pct": scenario.ring[0].loss_pct,

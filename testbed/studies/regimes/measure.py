@@ -72,7 +72,7 @@ class RegimesResult(JsonRecord):
 
 def knee(scenario: Scenario) -> float | None:
     """(C + T_ring) / c_max: the streams a ring holds before its slowest stage is busy all the time."""
-    slowest = max(st.compute_ms for st in scenario.stages) / 1e3
+    slowest = max(st.cost_ms() for st in scenario.stages) / 1e3
     return (scenario.emulated_compute_s + scenario.t_ring_s) / slowest if slowest > 0 else None
 
 

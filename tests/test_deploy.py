@@ -1,0 +1,211 @@
+"""What will my deployment do (issue 28): the emulated geometry on the wire, compute from hardware, and whatif."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from agents import wire
+from testbed.config import load_scenario, scenario_from_dict
+from testbed.core.decode import WireConfig
+from testbed.core.errors import ConfigError, WireError
+from testbed.core.roofline import Roofline
+from testbed.deploy.catalog import hardware_preset, model_preset
+from testbed.launcher import run_scenario
+
+pytestmark = pytest.mark.exact
+
+SEED_700B = WireConfig(width=16384, value_bytes=2)  # the seed paper's 700B-class hidden state in bf16: 32 KiB a token
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hidden(n_tok: int = 1, width: int = 128) -> wire.Frame:
+    x = np.arange(n_tok * width, dtype=np.float32).reshape(1, n_tok, width) / 100
+    return wire.Frame(wire.Kind.HIDDEN, lap=3, pos=7, tensor=x)
+
+
+# --- the wire ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec, payload", [("f32", 32768), ("f16", 32768), ("int8-block", 16384 + 4 * 256)])
+def test_a_hidden_frame_carries_the_geometry_s_bytes_under_each_codec(codec, payload):
+    config = WireConfig(codec=codec, width=16384, value_bytes=2)
+    data = wire.encode(hidden(), config)
+    assert len(data) == wire.HEADER.size + payload
+    assert wire.payload_bytes(hidden().tensor, config, wire.Kind.HIDDEN) == payload
+    back = wire.decode(data, config)
+    assert back.tensor.shape == (1, 1, 128)
+    tolerance = {"f32": 0, "f16": 1e-2, "int8-block": 2e-2}[codec]
+    np.testing.assert_allclose(back.tensor, hidden().tensor, atol=tolerance * 2)
+
+
+def test_a_block_of_positions_scales_its_padding_and_other_kinds_carry_none():
+    assert len(wire.encode(hidden(5), SEED_700B)) == wire.HEADER.size + 5 * 32768
+    ids = wire.Frame(wire.Kind.TOKEN, tensor=np.array([7], np.int32))
+    assert len(wire.encode(ids, SEED_700B)) == len(wire.encode(ids))
+    kv = wire.Frame(wire.Kind.KV, tensor=np.zeros((2, 1, 1, 128), np.float32))
+    assert wire.payload_bytes(kv.tensor, SEED_700B, wire.Kind.KV) == 2 * 128 * 4
+
+
+def test_the_receiver_refuses_padding_its_geometry_does_not_imply():
+    data = bytearray(wire.encode(hidden(), SEED_700B))
+    with pytest.raises(WireError, match="padding of 32256 bytes.*carries 0"):
+        wire.decode(bytes(data))  # a receiver without the geometry: no frame may be larger than its tensor
+    with pytest.raises(WireError, match="carries 15872"):
+        wire.decode(bytes(data), WireConfig(width=8192, value_bytes=2))  # a smaller geometry: bounded by it
+    data[-1] = 1
+    with pytest.raises(WireError, match="not all zero"):
+        wire.decode(bytes(data), SEED_700B)
+
+
+async def test_a_frame_reader_drops_the_padding():
+    send, receive = trio.testing.memory_stream_pair()
+    reader = wire.FrameReader(receive, now=lambda: 0.0, codec=SEED_700B)
+    await send.send_all(wire.encode(hidden(2), SEED_700B) * 2)
+    for _ in range(2):
+        frame, _at = await reader.read()
+        np.testing.assert_array_equal(frame.tensor, hidden(2).tensor)
+
+
+# --- the roofline -----------------------------------------------------------------------------------------------
+
+
+def test_the_roofline_is_memory_bound_until_its_ridge_then_compute_bound():
+    r = Roofline(weight_bytes=2e9, flops_per_token=2e9, kv_bytes_per_position=1e5, memory_bw_bytes_s=1e12,
+                 flop_s=1e14)
+    assert r.ridge_tokens == pytest.approx(100)
+    assert r.seconds(1) == pytest.approx(2e-3)
+    assert r.seconds(50) == pytest.approx(2e-3)  # below the ridge: the weights' read
+    assert r.seconds(400) == pytest.approx(400 * 2e9 / 1e14)  # above: the FLOPs
+    assert r.seconds(1, 4, 1000) == pytest.approx(2e-3 + 4 * 1000 * 1e5 / 1e12)  # each stream reads its KV
+    assert r.scaled(3).seconds(1) == pytest.approx(3 * r.seconds(1))
+    moe = Roofline(1e9, 2e9, 0, 1e12, 1e15, total_weight_bytes=8e9)  # a token reads its experts only
+    assert moe.seconds(1) == pytest.approx(1e-3) and moe.seconds(1, 4) == pytest.approx(4e-3)
+    assert moe.seconds(1, 100) == pytest.approx(8e-3)  # every expert read once
+
+
+# --- scenarios --------------------------------------------------------------------------------------------------
+
+
+def ring(geometry: dict | None = None, stages: list[dict] | None = None, **top) -> dict:
+    stages = stages or [{"name": n} for n in ("a", "b", "c")]
+    hops = [10.0 * (i + 1) for i in range(len(stages))] if len(stages) > 1 else []
+    raw = {"stages": stages, "network": {"hops_ms": hops}, "decode": {"tokens": 6, "temperature": 0.0}, **top}
+    if geometry is not None:
+        raw["geometry"] = geometry
+    return raw
+
+
+def test_a_geometry_preset_sets_the_wire_and_explicit_keys_override_it():
+    sc = scenario_from_dict(ring({"preset": "seed-700b"}))
+    assert (sc.wire.width, sc.wire.value_bytes) == (16384, 2)
+    sc = scenario_from_dict(ring({"preset": "llama-3.1-70b", "dtype": "fp8"}))
+    assert (sc.wire.width, sc.wire.value_bytes, sc.geometry.layers) == (8192, 1, 80)
+
+
+def test_compute_from_hardware_follows_the_stage_s_share_of_the_model():
+    hw = [{"name": n, "hardware": "h100-sxm", "devices": 8} for n in ("a", "b", "c")]
+    sc = scenario_from_dict(ring({"preset": "llama-3.1-70b"}, hw))
+    preset, h100 = model_preset("llama-3.1-70b"), hardware_preset("h100-sxm")
+    head = preset.vocab * preset.d_model
+    layer_params = (preset.params - 2 * head) / preset.layers
+    bandwidth = h100.memory_bw_gbs * 1e9 * h100.mem_efficiency * 8
+    for i, layers in enumerate((27, 27, 26)):  # 80 layers over three stages; the entry also reads the LM head
+        weights = (layers * layer_params + (head if i == 0 else 0)) * 2
+        assert sc.stages[i].cost_ms() == pytest.approx(weights / bandwidth * 1e3, rel=1e-12)
+    assert sc.emulated_compute_s == pytest.approx(sum(st.cost_ms() for st in sc.stages) / 1e3)
+    assert sc.stages[1].cost_ms(1, 1, 1000) > sc.stages[1].cost_ms()  # the context's KV is read too
+    fixed = scenario_from_dict(ring({"preset": "llama-3.1-70b"}, [dict(hw[0], compute_ms=5.0)] + hw[1:]))
+    assert fixed.stages[0].cost_ms() == 5.0  # compute_ms still overrides
+    dilated = sc.dilated(4.0)
+    assert dilated.stages[2].cost_ms() == pytest.approx(4 * sc.stages[2].cost_ms())
+
+
+def test_a_scenario_s_own_hardware_table_is_a_preset_too():
+    own = {"fpga": {"source": "ours", "memory_gb": 512, "memory_bw_gbs": 1000, "tflops_bf16": 100, "tflops_fp8": 0,
+                    "mem_efficiency": 1.0, "flop_efficiency": 1.0, "efficiency_source": "a stated guess"}}
+    sc = scenario_from_dict(ring({"preset": "llama-3.1-8b"}, [{"name": "a", "hardware": "fpga"}], hardware=own))
+    preset = model_preset("llama-3.1-8b")
+    read = preset.active_params - preset.vocab * preset.d_model  # every weight but the embedding (a row lookup)
+    assert sc.stages[0].cost_ms() == pytest.approx(read * 2 / 1e12 * 1e3, rel=1e-9)
+
+
+@pytest.mark.parametrize("raw, key, words", [
+    (ring({"preset": "llama-9"}), "geometry.preset", "known: "),
+    (ring({"d_model": 1000, "layers": 8, "heads": 12, "params_b": 1.0}), "geometry.d_model", "not a multiple of heads"),
+    (ring({"d_model": 1024, "layers": 8}), "geometry.heads", "without a preset needs"),
+    (ring({"preset": "llama-3.1-8b", "layers": 2}), "stages", "3 stages compute but the geometry has 2 layers"),
+    (ring({"preset": "llama-3.1-8b"}, [{"name": "a", "hardware": "h100-sxm", "devices": 0}]), "stages[0].devices",
+     "expected an integer in \\[1, "),
+    (ring(None, [{"name": "a", "hardware": "h100-sxm"}]), "stages[0].hardware", "needs a \\[geometry\\]"),
+    (ring({"preset": "llama-3.1-8b"}, [{"name": "a", "hardware": "tpu-v9"}]), "stages[0].hardware", "known: "),
+    (ring({"preset": "llama-3.1-405b"}, [{"name": "a", "hardware": "rtx-4090"}]), "stages[0].devices", "add devices"),
+    (ring({"preset": "llama-3.1-8b"}, hardware={"x": {"source": "s"}}), "hardware.x", "missing"),
+])
+def test_bad_geometry_and_hardware_name_the_key(raw, key, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        scenario_from_dict(raw, "s.toml")
+    assert info.value.key.startswith(key), info.value
+
+
+# --- on a ring, exactly (virtual time) ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate_mbit", [2240.0, 10.0])
+async def test_the_seed_paper_s_700b_geometry_on_the_geo_ring(rate_mbit):
+    """Section 3's claim at its own size: a decode lap carries 32 KiB + framing on every hop; the wall and TTFT
+    (C_prefill + T_ring + the prompt's 32 KiB a position at the hop's rate) hold exactly, at 280 MB/s and where the
+    byte term dominates (10 Mbit/s)."""
+    sc = load_scenario("geo-ring", ["geometry.preset=\"seed-700b\"", f"network.rate_mbit={rate_mbit}",
+                                    "decode.tokens=6"])
+    summary = await run_scenario(sc, "virtual", log=lambda m: None)
+    for i, hop in enumerate(summary.per_hop):
+        assert hop.bytes_per_lap == 32768 + wire.HEADER.size + (i + 1) * wire.STAMP.size
+    assert summary.measured_tok_s == pytest.approx(summary.predicted_tok_s, rel=1e-6)
+    rate = rate_mbit * 1e6 / 8
+    prompt = summary.ttft.prompt_tokens
+    xmit = sum((prompt * 32768 + wire.HEADER.size + (i + 1) * wire.STAMP.size) / rate for i in range(3))
+    independent = summary.ttft.prefill_compute_s + sc.t_ring_s + xmit
+    assert summary.ttft.measured_s == pytest.approx(independent, rel=1e-6)
+    lap = summary.compute_s + sc.t_ring_s + sum((32768 + wire.HEADER.size + (i + 1) * wire.STAMP.size) / rate
+                                                for i in range(3))
+    assert summary.measured_tok_s == pytest.approx(1 / lap, rel=1e-6)
+
+
+def whatif(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed", "whatif", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_whatif_measured_on_virtual_time_equals_its_closed_form(tmp_path):
+    out = tmp_path / "whatif.json"
+    done = whatif("--model", "llama-3.1-70b", "--hardware", "h100-sxm,8", "--regions", "hong-kong,ireland,virginia",
+                  "--draft", "llama-3.1-8b", "--rate-mbit", "1000", "--measure", "--shaper", "virtual", "--json",
+                  str(out))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["measured_tok_s"] == pytest.approx(result["predicted_tok_s"], rel=1e-6)
+    assert result["ttft_measured_s"] == pytest.approx(result["ttft_predicted_s"], rel=1e-6)
+    assert result["hop_bytes_measured"][0] == result["decode_frame_bytes"] == 16384 + wire.HEADER.size + wire.STAMP.size
+    assert 1 <= result["spec_k"] and result["spec_predicted_tok_s"] > result["predicted_tok_s"]
+    assert all(ms >= floor for ms, floor in zip(result["hops_ms"], result["fiber_floor_ms"]))
+    assert math.isclose(sum(s["share"] for s in result["breakdown"]), 1.0)
+    assert "upgrade first" in done.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "llama-9", "--hardware", "h100-sxm", "--regions", "ireland"], "--model: unknown model preset"),
+    (["--model", "llama-3.1-8b", "--hardware", "h100-sxm,0", "--regions", "ireland"], "--hardware: expected"),
+    (["--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--regions", "ireland,atlantis"], "--regions: unknown"),
+])
+def test_whatif_bad_input_exits_2_naming_the_option(args, words):
+    done = whatif(*args)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2 and words in said, said
