@@ -209,3 +209,32 @@ def test_whatif_bad_input_exits_2_naming_the_option(args, words):
     done = whatif(*args)
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 2 and words in said, said
+
+
+# --- published deployments -----------------------------------------------------------------------------------------
+
+
+def test_every_published_row_is_reproduced_or_said_why_not():
+    from testbed.studies.reproduce.rows import NOT_EXPRESSED, ROWS
+
+    published = ROOT.parent / "shared" / "PUBLISHED.md"
+    numbers = {int(line.split("|")[1]) for line in published.read_text().splitlines()
+               if line.startswith("| ") and line.split("|")[1].strip().isdigit()} if published.exists() else set()
+    said = {row.number for row in ROWS} | {number for number, _, _ in NOT_EXPRESSED}
+    assert numbers <= said and said <= set(range(1, 13))
+    assert all(row.source for row in ROWS)
+
+
+def test_reproduce_measures_each_row_as_its_closed_form(tmp_path):
+    out = tmp_path / "reproduce.json"
+    done = subprocess.run([sys.executable, "-m", "testbed", "reproduce", "--measure", "--shaper", "virtual", "--json",
+                           str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r["number"]: r for r in json.loads(out.read_text())["reproduced_rows"]}
+    for row in rows.values():
+        assert row["measured_tok_s"] == pytest.approx(row["predicted_tok_s"], rel=1e-6)
+    assert rows[1]["predicted_tok_s"] == pytest.approx(25.4, rel=1e-9)  # it gives the compute the others use
+    frame = 2048 * 4 + wire.HEADER.size  # TinyLlama's hidden state in f32, on 1 Gbit/s, both hops
+    ser = sum((frame + (i + 1) * wire.STAMP.size) / 125e6 for i in range(2))
+    assert rows[7]["predicted_tok_s"] == pytest.approx(1 / (1 / 63 + 2 * 0.1e-3 + ser), rel=1e-9)
+    assert rows[7]["why_apart"] and "row 8 (distributed-llama" in done.stdout

@@ -215,3 +215,24 @@ def test_continuous_batching_of_a_checkpoint_gives_each_stream_generates_text(ch
     summary = run(ring(path, mode="streams", streams=2, batching="continuous"))
     want = transformers.AutoTokenizer.from_pretrained(path).decode(generated(path))
     assert summary.streams.texts == (want, want)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Rss:"))
+
+
+def test_a_checkpoints_kv_cache_takes_memory_only_where_it_is_written(checkpoints):
+    """A stage's cache has CONTEXT_CAP slots, but a page of it is resident only once written: a 48-token decode does
+    not hold, and count in its RSS, 2,048 positions of every layer (issue 31: peak RSS within the share + 300 MB)."""
+    import dataclasses
+
+    model = load_hf(f"hf:{checkpoints['llama']}")
+    model.config = dataclasses.replace(model.config, kv_heads=16, head_dim=128, block_size=2048)  # this instance only
+    before = _rss_kib()
+    cache = model.new_cache(4)  # 64 MiB of keys and as many of values
+    assert tuple(cache.k.shape) == tuple(cache.v.shape) == (4, 1, 16, 2048, 128) and cache.k.dtype == torch.float32
+    cache.k[:, :, :, :48] = 1.0
+    cache.v[:, :, :, :48] = 1.0
+    assert _rss_kib() - before < 16 * 1024  # 48 slots of 4 x 16 rows: ~2 x 1.5 MiB, not 128
+    assert not cache.k[:, :, :, 48:].any() and not cache.v[:, :, :, 48:].any()  # the rest reads as zeros
