@@ -61,7 +61,7 @@ async def test_malformed_frame_closes_only_that_connection():
         while 1 not in launcher.listen or len(launcher.runlog.laps) < 3:
             await trio.sleep(0.02)
         for garbage in (b"NOPE" * 40, wire.HEADER.pack(wire.MAGIC, wire.VERSION, 1, 1, 1, 0, 0, 0, 0,
-                                                        1 << 30, 0, 0, 0, 0, 0, 1 << 31)):
+                                                        1 << 30, 0, 0, 0, 0, 0, 1 << 31, 0)):
             stream = await trio.open_tcp_stream(*launcher.listen[1])
             await stream.send_all(garbage)
             assert await stream.receive_some() == b""  # the agent closed this connection
