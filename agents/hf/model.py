@@ -20,6 +20,7 @@ not what a GPU computes either); the hidden states cross the links as float32, o
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import torch
@@ -103,8 +104,9 @@ class HFModel:
                   if name not in self.loaded}
         state = {}
         for name, (file, stored) in wanted.items():
-            # one tensor per opening: the file's mapped pages are let go before the next tensor, so the peak memory
-            # is the stage's share (in float32) plus one tensor, not the share twice over
+            # one tensor per opening, mapped: a float32 tensor stays backed by the file's clean pages, which come in as
+            # the stage first computes with them (its RSS grows by its share, rows of the embedding it never looks up
+            # not even that); another dtype is converted one tensor at a time, so the peak is the share plus one tensor
             with safe_open(str(file), framework="pt") as f:
                 state[name] = f.get_tensor(stored).to(torch.float32)
         expected = dict(self.module.named_parameters(remove_duplicate=False))
@@ -131,7 +133,12 @@ class HFModel:
         return sum(p.numel() for p in self.module.parameters())
 
     def new_cache(self, n_layers: int, batch_size: int = 1, extra_slots: int = 0) -> KVCache:
-        return KVCache(self.config, n_layers, batch_size, extra_slots=extra_slots)
+        """A KVCache of CONTEXT_CAP (+ extra) slots whose memory is taken as it is written: its keys and values lie
+        in anonymous mappings, zero until touched, so a stage holds the positions it decoded, not 2,048 of them
+        (36 MB a stage of three 768-wide layers would otherwise hold, and count in its RSS, from the start)."""
+        cache = KVCache(self.config, n_layers, batch_size, extra_slots=extra_slots, device="meta")  # shapes only
+        cache.k, cache.v = _zero_pages(cache.k.shape), _zero_pages(cache.v.shape)
+        return cache
 
     def _check_positions(self, positions: list[int], where: str) -> None:
         if any(p < 0 or p >= self.config.block_size for p in positions):
@@ -208,6 +215,19 @@ class HFModel:
         return self.head(self.run_layers(self.embed(idx, 0), 0, self.config.n_layer))
 
     __call__ = forward
+
+
+def _zero_pages(shape: torch.Size) -> torch.Tensor:
+    """A float32 tensor of zeros over an anonymous mapping: a page is the kernel's shared zero page until written
+    (read past the written slots, a batch's shorter rows read zeros and cost no memory), unlike torch.zeros, which
+    writes, and so holds, every page at once."""
+    n = shape.numel()
+    if n == 0:
+        return torch.zeros(shape)
+    pages = mmap.mmap(-1, n * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: a read maps the zero page
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # with transparent huge pages "always", one write would take 2 MB
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(pages, dtype=torch.float32).view(shape)  # the tensor keeps the mapping alive
 
 
 def load_hf(name: str) -> HFModel:
