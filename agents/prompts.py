@@ -33,9 +33,16 @@ def synthetic(n_tokens: int, stream: int = 0, vocabulary=BYTES) -> list[int]:
     return list(ids[start:start + n_tokens])
 
 
+def prompt_window(prompt_tokens: int, block_size: int) -> int:
+    """The positions of a synthetic prompt the model computes: all of a prompt that leaves a position to decode, else
+    half its context (the rest is emulated: WireConfig.extra_positions, testbed.deploy.rules)."""
+    return prompt_tokens if prompt_tokens < block_size else block_size // 2
+
+
 def prompt_ids(config: DecodeConfig, model, stream: int = 0) -> list[int]:
     """The prompt a mode starts stream `stream` from, in `model`'s tokens (model.vocabulary: the bytes, or a
     checkpoint's tokenizer): at most half the context, so decoding has room."""
-    if config.prompt_tokens > 0:
-        return synthetic(config.prompt_tokens, stream, model.vocabulary)
+    if config.prompt_tokens > 0:  # past the context: its last half-context window (the rest is emulated: WireConfig)
+        window = prompt_window(config.prompt_tokens, model.config.block_size)
+        return synthetic(window, stream, model.vocabulary)
     return model.vocabulary.encode(config.prompt)[-(model.config.block_size // 2):]

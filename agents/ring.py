@@ -74,8 +74,11 @@ class RingClient:
         self.frontier: dict[int, int] = {}  # stream -> its cache length once the frames queued so far are computed
         self.tree_nodes: dict[int, int] = {}  # stream -> nodes of the tree its next queued block is
 
-    def cost_s(self, n_tok: int = 1, batch: int = 1, context: int = 0) -> float:
-        """Emulated compute of a pass over n_tok positions of `batch` streams seeing `context` (StageConfig.cost_ms)."""
+    def cost_s(self, n_tok: int = 1, batch: int = 1, pos: float | None = None) -> float:
+        """Emulated compute of a pass over n_tok positions of `batch` streams from position `pos` (their mean; None:
+        not known, no context) (StageConfig.cost_ms); a prompt at 0 with the emulated positions it stands for too."""
+        extra = self.codec.extra_positions if pos is not None else 0
+        n_tok, context = n_tok + (extra if pos == 0 else 0), (pos or 0) + n_tok + extra
         if self.roofline is not None:
             return self.roofline.seconds(n_tok, batch, context)
         return self.compute_s + self.prefill_per_token_s * (n_tok - 1) + self.per_token_s * (batch - 1)
@@ -168,17 +171,21 @@ class RingClient:
 
     async def send(self, frame: wire.Frame, dst: int | None = None, kv: bytes = b"") -> int:
         """Send a frame (after `kv`, shipped KV bytes, on the same link: they delay it as they would)."""
-        return await self.write(kv + wire.encode(frame, self.codec), dst)
+        data, pad = wire.encode_parts(frame, self.codec)
+        return await self.write(kv + data, dst, pad)
 
-    async def write(self, data: bytes, dst: int | None) -> int:
+    async def write(self, data: bytes, dst: int | None, pad: int = 0) -> int:
+        """Send `data`, then `pad` zeros (an emulated geometry's padding, a piece at a time from wire.zeros)."""
         dst = self.next_stage if dst is None else dst
         if (stream := self.peers.get(dst)) is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
         try:
             await stream.send_all(data)
+            for offset in range(0, pad, wire.PAD_PIECE):
+                await stream.send_all(wire.zeros(min(wire.PAD_PIECE, pad - offset)))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise LinkBroken(f"stage {dst} closed the connection: {exc}") from exc
-        return len(data)
+        return len(data) + pad
 
     async def receive(self) -> tuple[wire.Frame, float]:
         try:
@@ -219,7 +226,7 @@ class RingClient:
         counts every byte sent for it on the hop (`extra_bytes`: shipped KV ahead of it)."""
         tensor = frame.tensor if tensor is None else tensor
         size = (wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size
-                + wire.payload_bytes(tensor, self.codec, frame.kind) + extra_bytes)
+                + wire.payload_bytes(tensor, self.codec, frame.kind, frame.pos) + extra_bytes)
         stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
         return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
 
@@ -258,7 +265,7 @@ class RingClient:
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
                     kv = self.tree_ahead.pop(frame.stream, b"") + self.kv_frame(frame.pos, n_tok, frame.stream)
-                    await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos + n_tok),
+                    await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos),
                                                              self.dilation * (real_end - start)))
                     await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
                                                  extra_bytes=len(kv)), kv=kv)
@@ -268,7 +275,7 @@ class RingClient:
                                                [f.stream for f, _ in group])
                 real_end = self.clock.now()
                 b = len(group)
-                cost = self.cost_s(1, b, sum(f.pos + 1 for f, _ in group) / b)  # each stream reads its KV: b x the mean
+                cost = self.cost_s(1, b, sum(f.pos for f, _ in group) / b)  # each stream reads its KV: b x the mean
                 await self.clock.sleep_until(start + max(cost, self.dilation * (real_end - start)))
                 end = self.clock.now()
                 await self.send_burst([self.stamped(f, recv_i, start, real_end, end, h, b)
@@ -320,7 +327,7 @@ class RingClient:
         head_real_end = self.clock.now()
         front = front_real_end - start
         real = front + head_real_end - head_start
-        cost = self.cost_s(len(ids), 1, pos + len(ids))
+        cost = self.cost_s(len(ids), 1, pos)
         await self.clock.sleep_until(max(head_real_end, head_start + max(cost, self.dilation * real) - front))
         end = self.clock.now()
         record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
@@ -328,51 +335,10 @@ class RingClient:
         return result, record
 
     async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
-        """Chunked prefill (as vLLM and Sarathi): the prompt in chunks of `chunk` tokens, sent back to back.
+        """Chunked prefill (as vLLM and Sarathi), pipelined over the ring: agents.prefill."""
+        from agents.prefill import chunked_prefill
 
-        The chunks are pipelined: chunk j+1 leaves the entry while chunk j is on the ring (each stage keeps the
-        earlier chunks' KV, and frames on a link stay in order). Every chunk but the last is reported now as a
-        "prefill" lap with extra chunk/chunks; the last one's record (with the head) is returned, like `lap`. A
-        single chunk is exactly `lap`."""
-        if chunk <= 0 or chunk >= len(ids) or self.n_stages == 1:
-            return await self.lap(ids, 0, "prefill", decide)
-        blocks = [(ids[i:i + chunk], i) for i in range(0, len(ids), chunk)]
-        n = len(blocks)
-        sent = []
-        for j, (block, pos) in enumerate(blocks):
-            lap_no, self.lap_no = self.lap_no, self.lap_no + 1
-            start = self.clock.now()
-            hidden = self.stage.embed_and_run(block, pos)
-            real_end = self.clock.now()
-            if j < n - 1:  # the last chunk's front is padded together with the head, as in `lap`
-                await self.clock.sleep_until(start + max(self.cost_s(len(block), 1, pos + len(block)),
-                                                         self.dilation * (real_end - start)))
-            end = self.clock.now()
-            frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden,
-                               flags=wire.NO_SAMPLE if j < n - 1 else 0)
-            kv = self.kv_frame(pos, len(block))
-            await self.send(self.stamped(frame, start, start, real_end, end, hidden, extra_bytes=len(kv)), kv=kv)
-            sent.append((lap_no, start, real_end - start))
-        for j, (block, _pos) in enumerate(blocks):
-            back, return_recv = await self.receive()
-            lap_no, start, front = sent[j]
-            if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
-                raise WireError(f"expected prefill chunk lap {lap_no} back, got {back.kind.name} lap {back.lap}")
-            extra = {"chunk": j, "chunks": n}
-            if j < n - 1:
-                self.report(LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, return_recv, back.stamps,
-                                      return_recv, extra=extra))
-                continue
-            head_start = self.clock.now()
-            result = self.head(back, decide)
-            head_real_end = self.clock.now()
-            real = front + head_real_end - head_start
-            await self.clock.sleep_until(max(head_real_end, head_start + max(self.cost_s(len(block), 1, len(ids)),
-                                                                             self.dilation * real) - front))
-            end = self.clock.now()
-            record = LapRecord(lap_no, "prefill", self.mode, len(block), 0, start, end, back.stamps, return_recv,
-                               HeadTiming(head_start, head_real_end, end), extra=extra)
-        return result, record
+        return await chunked_prefill(self, ids, chunk, decide)
 
     def head(self, back: wire.Frame, decide: Callable[[torch.Tensor], Any]) -> Any:
         """The lap's result: `decide(logits)` on the returned hidden state, or the token a separate head sampled."""

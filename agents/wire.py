@@ -28,12 +28,13 @@ frame's shape implies under its own codec, and all zeros, and drops it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterator, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 import trio
@@ -41,13 +42,13 @@ import trio
 from testbed.core.errors import LinkBroken, WireError
 from testbed.core.decode import CODECS, MAX_BLOCK, WireConfig
 from testbed.core.records import Stamp
+from agents.stamps import STAMP, Stamps, pack_stamp, packed_stamps, unpack_stamp  # noqa: F401 - re-exported
 from agents.codec import (dequantize_blocks, emulated_payload_bytes, int8_block_bytes,  # noqa: F401 - re-exported
                           quantize_blocks)
 
 MAGIC = b"GRNG"
 VERSION = 2  # 2: pad_len (an emulated geometry's padding)
 HEADER = struct.Struct("<4sBBBBIQII4IHHII")
-STAMP = struct.Struct("<HHIddddd")
 MAX_NDIM = 4
 MAX_STAMPS = 1026  # one per stage passed: a ring of testbed.config.MAX_STAGES (1024) stages and a separate head
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a 2000-token prefill of a wide model still fits
@@ -90,7 +91,8 @@ class DType(enum.IntEnum):
     INT32 = 4  # token ids
 
 
-def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, kind: "Kind | None" = None) -> int:
+def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, kind: "Kind | None" = None,
+                  pos: int = -1) -> int:
     """Bytes the tensor takes on the wire under `codec` (what a stamp's sent_bytes counts), with an emulated
     geometry's padding when it is a HIDDEN frame's."""
     if tensor is None:
@@ -100,15 +102,18 @@ def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, ki
         own = int8_block_bytes(tensor.size, codec.block)
     else:
         own = tensor.size * (2 if name == "f16" or tensor.dtype == np.float16 else 4)
-    return own + pad_bytes(kind, tensor.shape, own, codec)
+    return own + pad_bytes(kind, tensor.shape, own, codec, pos)
 
 
-def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, codec: WireConfig | None) -> int:
+def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, codec: WireConfig | None,
+              pos: int = -1) -> int:
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
-    the geometry's bytes for its positions; every other frame none. Never negative: a frame is at least its own."""
+    the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions);
+    every other frame none. Never negative: a frame is at least its own."""
     if codec is None or not codec.width or kind != Kind.HIDDEN or not shape:
         return 0
-    return max(0, emulated_payload_bytes(math.prod(shape[:-1]), codec) - payload_len)
+    positions = math.prod(shape[:-1]) + (codec.extra_positions if pos == 0 else 0)
+    return max(0, emulated_payload_bytes(positions, codec) - payload_len)
 
 
 NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2"), DType.INT32: np.dtype("<i4")}
@@ -133,69 +138,6 @@ def tree_plan(plan: np.ndarray | None, max_nodes: int, pos: int, cached: int) ->
     return parents
 
 
-def pack_stamp(s: Stamp) -> bytes:
-    return STAMP.pack(s.stage, min(s.batch, 0xFFFF), s.sent_bytes, s.recv, s.compute_start, s.real_end,
-                      s.compute_end, s.send)
-
-
-def unpack_stamp(data: bytes | memoryview, offset: int = 0) -> Stamp:
-    stage, batch, sent_bytes, recv, c0, real_end, c1, send = STAMP.unpack_from(data, offset)
-    return Stamp(stage, recv, c0, real_end, c1, send, sent_bytes, batch or 1)
-
-
-class Stamps(Sequence[Stamp]):
-    """A received frame's stamps, kept as the bytes they came in: a stage adds its own and sends them on without
-    unpacking the ones before (on a ring of n stages a frame carries up to n stamps, so unpacking them at
-    every hop made a lap cost O(n^2)). Indexing and iterating unpack; `+ (stamp,)` packs the new one; a
-    LapRecord made from them holds a plain tuple."""
-
-    __slots__ = ("packed",)
-
-    def __init__(self, packed: bytes = b"") -> None:
-        if len(packed) % STAMP.size:
-            raise WireError(f"{len(packed)} bytes of stamps is not a whole number of {STAMP.size}-byte stamps")
-        self.packed = bytes(packed)
-
-    def __len__(self) -> int:
-        return len(self.packed) // STAMP.size
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return tuple(self)[index]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"stamp {index} of {n}")
-        return unpack_stamp(self.packed, (index % n) * STAMP.size)
-
-    def __iter__(self) -> Iterator[Stamp]:
-        for offset in range(0, len(self.packed), STAMP.size):
-            yield unpack_stamp(self.packed, offset)
-
-    def __add__(self, more: Sequence[Stamp]) -> "Stamps":
-        return Stamps(self.packed + packed_stamps(more))
-
-    def __radd__(self, before: Sequence[Stamp]) -> "Stamps":
-        return Stamps(packed_stamps(before) + self.packed)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Stamps):
-            return self.packed == other.packed
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"Stamps({list(self)!r})"
-
-
-def packed_stamps(stamps: Sequence[Stamp]) -> bytes:
-    """The wire bytes of a frame's stamps (those of Stamps as they came)."""
-    if isinstance(stamps, Stamps):
-        return stamps.packed
-    return b"".join(map(pack_stamp, stamps))
-
-
 @dataclass(frozen=True)
 class Frame:
     kind: Kind
@@ -209,6 +151,24 @@ class Frame:
 
 def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
     """Serialize a frame (a float32 tensor under `codec`); raises WireError for anything the decoder would reject."""
+    data, pad = encode_parts(frame, codec)
+    return data + bytes(pad) if pad else data
+
+
+def zeros(n: int) -> memoryview:
+    """n zero bytes to send as an emulated geometry's padding, without making them (a shared read-only buffer)."""
+    global _ZEROS
+    if len(_ZEROS) < n:
+        _ZEROS = bytes(max(n, 2 * len(_ZEROS)))
+    return memoryview(_ZEROS)[:n]
+
+
+_ZEROS = bytes(PAD_PIECE := 1 << 20)  # a piece of padding per write: a 64 MiB prompt's zeros go in 64 of them
+
+
+def encode_parts(frame: Frame, codec: WireConfig | None = None) -> tuple[bytes, int]:
+    """The frame's header, stamps and payload, and how many zero bytes of padding follow them (sent apart, from
+    zeros(), so a 64 MiB emulated prompt is never built in memory)."""
     tensor = frame.tensor
     block = 0
     if codec is not None and codec.codec not in CODECS:
@@ -236,11 +196,11 @@ def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
         raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
-    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec)
+    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos)
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
     return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
                                  frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload), pad),
-                     packed_stamps(frame.stamps), payload, bytes(pad)))
+                     packed_stamps(frame.stamps), payload)), pad
 
 
 @dataclass(frozen=True)
@@ -308,7 +268,7 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
                             f"({expected} bytes)")
-    expected_pad = pad_bytes(kind, shape, payload_len, codec)
+    expected_pad = pad_bytes(kind, shape, payload_len, codec, pos)
     if pad_len != expected_pad:  # the geometry bounds a frame: nothing larger than its shape implies gets in
         raise WireError(f"padding of {pad_len} bytes; a {kind.name} frame of shape {shape} carries {expected_pad} under "
                         f"this run's geometry ({codec.width if codec is not None else 0} wide)")
@@ -316,6 +276,9 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
 
 
 def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
+    """The frame of a header and its body: with its padding, or without it where the reader checked and dropped it."""
+    if len(body) == header.body_len - header.pad_len:  # FrameReader: the padding was checked as it came
+        header = dataclasses.replace(header, pad_len=0)
     if len(body) != header.body_len:
         raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
     if header.pad_len:
@@ -357,12 +320,15 @@ class FrameReader:
         self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
         self._buffer = bytearray()
 
+    async def _chunk(self, max_bytes: int) -> bytes:
+        try:
+            return await self._receive(max_bytes)
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
+
     async def _fill(self, size: int) -> bool:
         while len(self._buffer) < size:
-            try:
-                chunk = await self._receive(RECEIVE_CHUNK)
-            except (trio.BrokenResourceError, OSError) as exc:
-                raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
+            chunk = await self._chunk(max(RECEIVE_CHUNK, min(size - len(self._buffer), PAD_PIECE)))
             if not chunk:
                 if self._buffer:
                     raise LinkBroken(f"connection closed mid-frame ({len(self._buffer)} of {size} bytes)")
@@ -387,11 +353,29 @@ class FrameReader:
         if not await self._fill(HEADER.size):
             return None
         header = decode_header(self._buffer, self._codec)
-        total = HEADER.size + header.body_len
-        if not await self._fill(total):
+        end = HEADER.size + header.body_len - header.pad_len  # the padding is checked as it comes, never kept
+        if not await self._fill(end):
             raise LinkBroken("connection closed mid-frame")
+        body = bytes(self._buffer[HEADER.size:end])  # a copy: the buffer is resized below
+        del self._buffer[:end]
+        await self._skip_padding(header.pad_len)
         received_at = self._now()
-        body = bytes(self._buffer[HEADER.size:total])  # a copy: the buffer is resized below
-        del self._buffer[:total]
-        frame = decode_body(header, body)
-        return frame, received_at
+        return decode_body(header, body), received_at
+
+    async def _skip_padding(self, n: int) -> None:
+        """Consume n bytes of an emulated geometry's padding, each checked to be zero, none kept."""
+        while n:
+            if self._buffer:
+                take = min(n, len(self._buffer))
+                if self._buffer.count(0, 0, take) != take:
+                    raise WireError("padding that is not all zero")
+                del self._buffer[:take]
+            else:
+                chunk = await self._chunk(min(n, PAD_PIECE))
+                if not chunk:
+                    raise LinkBroken(f"connection closed in a frame's padding ({n} bytes to come)")
+                take = min(n, len(chunk))
+                if chunk.count(0, 0, take) != take:
+                    raise WireError("padding that is not all zero")
+                self._buffer += chunk[take:]
+            n -= take

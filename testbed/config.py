@@ -133,7 +133,7 @@ _TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "sca
              "parallel", "tp", "spec", "geometry", "hardware"}
 _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
-_WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes"}  # those come from [geometry]
+_WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes", "extra_positions"}  # from [geometry]
 _STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline"}  # the head's from [placement]
 _NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links", "schedule",
                  "lap_timeout_s"}
@@ -364,7 +364,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     check_models(model, decode, parallel=parallel, drafts_on_edge=spec.placement == "edge", source=source)
     if is_hf(model):  # a byte model's split is checked at launch, a checkpoint's here: its layers are its own
         split_layers(model_config(model).n_layer, tuple(stages), source)
-    geometry, stages, wire = apply_geometry(raw, stages, wire, placement.head, model, scale, source)
+    geometry, stages, wire = apply_geometry(raw, stages, wire, placement.head, model, decode, scale, source)
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
     lap_timeout_s = _number(net, "lap_timeout_s", LAP_TIMEOUT_S, source, "network", minimum=0.1, maximum=3600) * scale

@@ -11,6 +11,7 @@ from testbed.validate import number as _number
 from testbed.validate import string as _string
 
 MAX_TOKENS = 100_000
+MAX_PROMPT = 131_072  # an emulated prompt (testbed.deploy.rules); without a [geometry], the model's window bounds it
 
 
 # How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.
@@ -18,7 +19,7 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "mode": ("choice", (), False),  # choices: MODES, read when checked (a test may register a mode)
     "tokens": ("int", (1, MAX_TOKENS), False),
     "prompt": ("text", (), False),
-    "prompt_tokens": ("int", (0, 255), False),  # the models' context is 256 positions
+    "prompt_tokens": ("int", (0, MAX_PROMPT), False),  # past the model's window: [geometry] emulates the rest
     "prefill_chunk": ("int", (0, 256), False),
     "streams": ("int", (1, MAX_STREAMS), False),
     "batching": ("choice", BATCHING, False),

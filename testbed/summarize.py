@@ -53,7 +53,7 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
     head = (last.head.end - last.head.start) if last.head is not None else 0.0
     predicted = physics.ttft_pipelined(service, sc.t_ring_s, head)
     per_hop = np.sum([lap.hop_bytes() for lap in chunks], axis=0) if chunks[0].hop_bytes() else None  # every chunk
-    return TtftSummary(sum(lap.n_tok for lap in chunks), last.end - chunks[0].start,
+    return TtftSummary(sum(lap.n_tok for lap in chunks) + sc.wire.extra_positions, last.end - chunks[0].start,
                        sum(lap.compute_s for lap in chunks), predicted, xmit,
                        int(np.mean(per_hop)) if per_hop is not None else None,
                        chunks=len(chunks))

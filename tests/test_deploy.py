@@ -148,6 +148,10 @@ def test_a_scenario_s_own_hardware_table_is_a_preset_too():
     (ring({"preset": "llama-3.1-8b"}, [{"name": "a", "hardware": "tpu-v9"}]), "stages[0].hardware", "known: "),
     (ring({"preset": "llama-3.1-405b"}, [{"name": "a", "hardware": "rtx-4090"}]), "stages[0].devices", "add devices"),
     (ring({"preset": "llama-3.1-8b"}, hardware={"x": {"source": "s"}}), "hardware.x", "missing"),
+    (dict(ring(), decode={"prompt_tokens": 2048}), "decode.prompt_tokens", "a longer prompt is emulated"),
+    (dict(ring({"preset": "llama-3.1-8b"}), decode={"prompt_tokens": 200_000}), "decode.prompt_tokens", "131072"),
+    (dict(ring({"preset": "llama-3.1-8b"}), decode={"prompt_tokens": 2048, "prefill_chunk": 64}),
+     "decode.prefill_chunk", "one block"),
 ])
 def test_bad_geometry_and_hardware_name_the_key(raw, key, words):
     with pytest.raises(ConfigError, match=words) as info:
@@ -158,19 +162,23 @@ def test_bad_geometry_and_hardware_name_the_key(raw, key, words):
 # --- on a ring, exactly (virtual time) ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rate_mbit", [2240.0, 10.0])
-async def test_the_seed_paper_s_700b_geometry_on_the_geo_ring(rate_mbit):
-    """Section 3's claim at its own size: a decode lap carries 32 KiB + framing on every hop; the wall and TTFT
-    (C_prefill + T_ring + the prompt's 32 KiB a position at the hop's rate) hold exactly, at 280 MB/s and where the
-    byte term dominates (10 Mbit/s)."""
+@pytest.mark.parametrize("rate_mbit, prompt", [(2240.0, 2048), (10.0, 512), (10.0, 0)])
+async def test_the_seed_paper_s_700b_geometry_on_the_geo_ring(rate_mbit, prompt):
+    """Section 3's claim at its own size: a decode lap carries 32 KiB + framing on every hop, a 2,048-token prompt
+    64 MiB (the model computes its last 128 positions, the wire and the prefill cost carry all of them); the wall and
+    TTFT (C_prefill + T_ring + the prompt's 32 KiB a position at the hop's rate) hold exactly, at 280 MB/s and where
+    the byte term dominates (10 Mbit/s)."""
     sc = load_scenario("geo-ring", ["geometry.preset=\"seed-700b\"", f"network.rate_mbit={rate_mbit}",
-                                    "decode.tokens=6"])
+                                    "decode.tokens=6", f"decode.prompt_tokens={prompt}",
+                                    "stages.*.prefill_ms_per_token=0.01"])
     summary = await run_scenario(sc, "virtual", log=lambda m: None)
     for i, hop in enumerate(summary.per_hop):
         assert hop.bytes_per_lap == 32768 + wire.HEADER.size + (i + 1) * wire.STAMP.size
     assert summary.measured_tok_s == pytest.approx(summary.predicted_tok_s, rel=1e-6)
     rate = rate_mbit * 1e6 / 8
+    assert prompt == 0 or summary.ttft.prompt_tokens == prompt
     prompt = summary.ttft.prompt_tokens
+    assert summary.ttft.prefill_compute_s == pytest.approx(3 * (11 + 0.01 * (prompt - 1)) / 1e3, rel=1e-9)
     xmit = sum((prompt * 32768 + wire.HEADER.size + (i + 1) * wire.STAMP.size) / rate for i in range(3))
     independent = summary.ttft.prefill_compute_s + sc.t_ring_s + xmit
     assert summary.ttft.measured_s == pytest.approx(independent, rel=1e-6)

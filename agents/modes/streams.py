@@ -81,8 +81,7 @@ class StreamsMode:
             hiddens = [self.stage.embed_and_run(ids, pos, s.index) for (ids, pos), s in zip(blocks, streams)]
         real_end = clock.now()
         n_tok = max(len(ids) for ids, _ in blocks)
-        context = sum(pos + len(ids) for ids, pos in blocks) / len(blocks)  # each stream reads its own KV
-        cost = ring.cost_s(n_tok, len(streams), context)
+        cost = ring.cost_s(n_tok, len(streams), sum(pos for _, pos in blocks) / len(blocks))  # each reads its KV
         await clock.sleep_until(step_start + max(cost, ring.dilation * (real_end - step_start)))
         end = clock.now()
         frames = []

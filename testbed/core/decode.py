@@ -58,6 +58,9 @@ class WireConfig(JsonRecord):
     # computing model's own tensor only.
     width: int = 0
     value_bytes: int = 4
+    # A prompt longer than the computing model holds (decode.prompt_tokens past its window): the block at position 0
+    # stands for this many more positions than it computes, on the wire and in its cost (the rest are emulated).
+    extra_positions: int = 0
 
 
 KV_PLACEMENTS = ("local", "ship")

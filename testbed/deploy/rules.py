@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from testbed.core.decode import WireConfig
+from testbed.core.decode import DecodeConfig, WireConfig
 from testbed.core.errors import ConfigError
 from testbed.core.roofline import Roofline
 from testbed.deploy.catalog import (DTYPE_BYTES, HardwarePreset, ModelPreset, hardware_preset, model_preset,
@@ -158,18 +158,33 @@ def apply_hardware(stages: list[Any], geometry: ModelPreset | None, own: dict[st
     return out
 
 
-def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, model: str, scale: float,
-                   source: str) -> tuple[ModelPreset | None, list[Any], WireConfig]:
+def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, model: str, decode: DecodeConfig,
+                   scale: float, source: str) -> tuple[ModelPreset | None, list[Any], WireConfig]:
     """[geometry], [hardware.NAME] and the stages' hardware of a raw scenario: (the geometry, the stages with their
-    rooflines, the [wire] with the geometry on it). `head`: placement.head (the LM head's matrix is on the entry,
-    on the last stage, or on its own agent)."""
+    rooflines, the [wire] with the geometry on it, and an emulated prompt's extra positions). `head`:
+    placement.head (the LM head's matrix is on the entry, on the last stage, or on its own agent)."""
     from agents.configs import model_config
+    from agents.prompts import prompt_window
 
     geometry = geometry_from_dict(raw.get("geometry"), source)
     head_stage = {"entry": 0, "last": len(stages) - 1}.get(head)  # "separate": the head's own agent
     stages = apply_hardware(stages, geometry, hardware_tables(raw.get("hardware"), source), head_stage, scale, source)
+    if geometry is None and decode.prompt_tokens == 0:
+        return geometry, stages, wire
+    shape = model_config(model)
+    extra = decode.prompt_tokens - prompt_window(decode.prompt_tokens, shape.block_size)
+    if extra and geometry is None:
+        raise ConfigError(f"the model holds {shape.block_size} positions: a longer prompt is emulated, with a "
+                          "[geometry] (the model whose hidden state the frames carry)", source=source,
+                          key="decode.prompt_tokens")
+    if extra and geometry is not None and decode.prompt_tokens > geometry.context:
+        raise ConfigError(f"{geometry.name} holds {geometry.context} positions, not {decode.prompt_tokens}",
+                          source=source, key="decode.prompt_tokens")
+    if extra and decode.prefill_chunk:
+        raise ConfigError("an emulated prompt (past the model's window) goes in one block: prefill_chunk must be 0",
+                          source=source, key="decode.prefill_chunk")
     if geometry is not None:
-        wire = geometry_wire(wire, geometry, model_config(model).n_embd, source)
+        wire = replace(geometry_wire(wire, geometry, shape.n_embd, source), extra_positions=extra)
     return geometry, stages, wire
 
 

@@ -15,6 +15,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from agents.prompts import prompt_window
 from testbed.config import Scenario, apply_override, scenario_from_dict
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -24,8 +25,7 @@ from testbed.studies.base import ensure_models_on, log_to, print_tables, write_j
 from testbed.studies.whatif import predict
 from testbed.studies.whatif.predict import TimeShare
 
-CONTEXT = 256  # positions the tiny computing model holds: a measured prompt and its tokens fit in it
-PROMPT_TEXT = "    def __repr__(self):\n        return "  # the default prompt (DecodeConfig), repeated to P bytes
+CONTEXT = 256  # positions the tiny computing model holds: the prompt's window it computes and the tokens fit in it
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,6 @@ def region_names(text: str) -> list[str]:
     return names
 
 
-def prompt_text(tokens: int) -> str:
-    return (PROMPT_TEXT * (tokens // len(PROMPT_TEXT) + 1))[:tokens]
-
-
 def build(args: argparse.Namespace) -> Scenario:
     """The scenario of the deployment: [geometry], a stage per region on the hardware, the catalogue's hops."""
     model_preset(args.model, key="--model")
@@ -111,8 +107,7 @@ def build(args: argparse.Namespace) -> Scenario:
                     "one_way_ms": [[catalogue.latency_ms(a, b) for b in names] for a in names]},
         "stages": [{"name": name, "region": name, "hardware": hardware, "devices": devices} for name in names],
         "network": {"rate_mbit": args.rate_mbit} if args.rate_mbit else {},
-        "decode": {"mode": "plain", "tokens": args.tokens, "temperature": 0.0,
-                   "prompt": prompt_text(min(args.prompt, CONTEXT - args.tokens - 1))},
+        "decode": {"mode": "plain", "tokens": args.tokens, "temperature": 0.0, "prompt_tokens": args.prompt},
     }
     for item in args.overrides:
         apply_override(raw, item, "whatif")
@@ -164,10 +159,10 @@ def run(args: argparse.Namespace, console: Console) -> WhatifResult:
     result = predicted(args, scenario)
     if not args.measure:
         return result
-    if args.prompt + args.tokens + 1 > CONTEXT:
-        raise ConfigError(f"--measure runs the prompt on the tiny model, which holds {CONTEXT} positions: --prompt "
-                          f"plus --tokens must stay below {CONTEXT} (emulated longer prompts are not run yet)",
-                          key="--prompt")
+    if prompt_window(args.prompt, CONTEXT) + args.tokens >= CONTEXT:
+        raise ConfigError(f"the tiny model computing the tokens holds {CONTEXT} positions: the prompt's window it "
+                          f"computes ({prompt_window(args.prompt, CONTEXT)}) and --tokens must fit in them",
+                          key="--tokens")
     from testbed.launcher import run_scenario
 
     ensure_models_on(console)
