@@ -21,7 +21,7 @@ from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
 from testbed.core.roofline import Roofline
 from testbed.deploy.catalog import ModelPreset
-from testbed.deploy.rules import apply_geometry
+from testbed.deploy.rules import apply_geometry, prompt_lap_s
 from testbed.regions import RegionMatrix, parse_regions as _regions
 from testbed.schedule import LinkEvent, parse_schedule
 from testbed.validate import check_keys as _check_keys
@@ -272,7 +272,6 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
                               source=source, key=f"stages[{i}].region")
     if placed and len(placed) != len(stages):
         raise ConfigError("either every stage names a region or none does", source=source, key="stages.region")
-
     net = raw.get("network", {})
     if not isinstance(net, dict):
         raise ConfigError("expected a table", source=source, key="network")
@@ -368,6 +367,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
     lap_timeout_s = _number(net, "lap_timeout_s", LAP_TIMEOUT_S, source, "network", minimum=0.1, maximum=3600) * scale
+    if "lap_timeout_s" not in net:  # a long prompt on a slow link: its lap may outlast the default several times
+        lap_timeout_s = max(lap_timeout_s, 3 * prompt_lap_s(links[:len(stages)], wire, decode.prompt_tokens))
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,

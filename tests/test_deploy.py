@@ -246,3 +246,13 @@ def test_reproduce_measures_each_row_as_its_closed_form(tmp_path):
     ser = sum((frame + (i + 1) * wire.STAMP.size) / 125e6 for i in range(2))
     assert rows[7]["predicted_tok_s"] == pytest.approx(1 / (1 / 63 + 2 * 0.1e-3 + ser), rel=1e-9)
     assert rows[7]["why_apart"] and "row 8 (distributed-llama" in done.stdout
+
+
+def test_a_long_prompt_on_a_slow_link_gets_the_time_its_lap_needs():
+    slow = load_scenario("geo-ring", ["geometry.preset=\"seed-700b\"", "network.rate_mbit=10",
+                                      "decode.prompt_tokens=2048"])
+    crossing = (2048 * 32768) / (10e6 / 8)  # 53.7 s a hop
+    assert slow.lap_timeout_s == pytest.approx(3 * (3 * crossing + 0.28))
+    assert load_scenario("geo-ring").lap_timeout_s == 120.0  # the default where nothing is that slow
+    assert load_scenario("geo-ring", ["network.lap_timeout_s=5", "geometry.preset=\"seed-700b\"",
+                                      "network.rate_mbit=10", "decode.prompt_tokens=2048"]).lap_timeout_s == 5.0

@@ -19,7 +19,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="one stage per region, the ring in this order (testbed/deploy/regions.toml)")
     parser.add_argument("--draft", metavar="PRESET", help="a draft model preset, run whole on the entry's hardware")
     parser.add_argument("--alpha", type=float, default=0.7, help="the draft's acceptance rate (default 0.7)")
-    parser.add_argument("--prompt", type=int, default=128, metavar="P", help="prompt tokens (default 128)")
+    parser.add_argument("--prompt", type=int, default=2048, metavar="P",
+                        help="prompt tokens (default 2048; past the tiny model's window the rest is emulated)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens to generate (default 24)")
     parser.add_argument("--streams", type=int, default=16, metavar="M",
                         help="streams for the continuous-batching aggregate (default 16)")
