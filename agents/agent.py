@@ -104,9 +104,35 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
                      say: Callable[[str], None] | None = None) -> None:
     """One agent from its spec to its end. `commands`: the launcher's JSON lines; `transport` and `clock`: the
     seam a backend chooses (TCP on the box's clock, or the virtual backend's memory network on simulated time)."""
+    ring, plan = build_ring(spec, control, transport, clock, say or (lambda message: log(spec, message)))
+    listener, port = await transport.listen(spec.listen_host)
+    control.send("listening", {"port": port})
+
+    async with trio.open_nursery() as nursery:
+        commands = LineReader(commands)
+        await nursery.start(trio.serve_listeners, ring.serve_connection, [listener])
+        if not await connect_until_run(ring, commands, control):
+            nursery.cancel_scope.cancel()  # launcher gone: stop
+            return
+
+        async def watch_stdin() -> None:
+            while await commands.receive_line() is not None:
+                pass
+            nursery.cancel_scope.cancel()  # launcher gone: stop
+
+        nursery.start_soon(watch_stdin)
+        usage_at_start = Usage.now()
+        event, data = await play_role(spec, ring, plan)
+        control.send("usage", Usage.now().since(usage_at_start))
+        control.send(event, data)
+        nursery.cancel_scope.cancel()
+
+
+def build_ring(spec: AgentSpec, control: Control, transport: Transport, clock: Clock,
+               say: Callable[[str], None]) -> tuple[RingClient, StagePlan]:
+    """This agent's stage (its share of the model) in its ring client, and its place in the ring."""
     from agents.shared import shared_model
 
-    say = say or (lambda message: log(spec, message))
     torch.set_num_threads(spec.threads)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
     # a checkpoint loads this agent's share only: its layers, and the embeddings and head where it uses them
@@ -122,60 +148,46 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
 
         sample = resolve(spec.runner)(spec.decode, ring).sample if spec.decode.mode == "plain" else None
         ring.last_head = last_stage_head(spec.decode.mode, sample)
-    listener, port = await transport.listen(spec.listen_host)
-    control.send("listening", {"port": port})
+    return ring, plan
 
-    async with trio.open_nursery() as nursery:
-        commands = LineReader(commands)
-        await nursery.start(trio.serve_listeners, ring.serve_connection, [listener])
-        while True:
-            command = await commands.receive_json()
-            if command is None:
-                nursery.cancel_scope.cancel()  # launcher gone: stop
-                return
-            if command["cmd"] == "connect":
-                await ring.dial({int(dst): tuple(address) for dst, address in command["peers"].items()})
-                control.send("ready")
-            elif command["cmd"] == "run":
-                break
-            else:
-                raise TestbedError(f"unknown command {command!r}")
 
-        async def watch_stdin() -> None:
-            while await commands.receive_line() is not None:
-                pass
-            nursery.cancel_scope.cancel()  # launcher gone: stop
-
-        nursery.start_soon(watch_stdin)
-        usage_at_start = Usage.now()
-        if spec.stage >= spec.n_stages:  # an edge client: it drafts, the entry verifies
-            tokens = await resolve(spec.runner)(spec.decode, ring, spec.spec).run()
-            control.send("usage", Usage.now().since(usage_at_start))
-            control.send("finished")
-        elif spec.every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
-            # (no probe laps: another rank's first all-reduce message could overtake them at the entry)
-            tokens = await resolve(spec.runner)(spec.decode, ring).run()
-            control.send("usage", Usage.now().since(usage_at_start))
-            control.send("done" if plan.is_entry else "finished", {"tokens": tokens} if plan.is_entry else None)
-        elif spec.is_head:
-            from agents.head import serve_head
-
-            await serve_head(ring, resolve(spec.runner)(spec.decode, ring).sample)
-            control.send("usage", Usage.now().since(usage_at_start))
-            control.send("finished")
-        elif plan.is_entry:
-            await ring.probe()
-            mode = resolve(spec.runner)(spec.decode, ring)
-            tokens = await mode.run()
-            await ring.shutdown()
-            control.send("usage", Usage.now().since(usage_at_start))
-            control.send("done", {"tokens": tokens})
+async def connect_until_run(ring: RingClient, commands: LineReader, control: Control) -> bool:
+    """Dial the peers on "connect" (then say "ready"), until "run"; False when the launcher is gone first."""
+    while True:
+        command = await commands.receive_json()
+        if command is None:
+            return False
+        if command["cmd"] == "connect":
+            await ring.dial({int(dst): tuple(address) for dst, address in command["peers"].items()})
+            control.send("ready")
+        elif command["cmd"] == "run":
+            return True
         else:
-            await ring.serve()
-            control.send("usage", Usage.now().since(usage_at_start))
-            # The SHUTDOWN still has hops to go before the entry reports "done": say that exiting is expected.
-            control.send("finished")
-        nursery.cancel_scope.cancel()
+            raise TestbedError(f"unknown command {command!r}")
+
+
+async def play_role(spec: AgentSpec, ring: RingClient, plan: StagePlan) -> tuple[str, dict | None]:
+    """This agent's part of the run, to its end: the event that reports it ("done" with the tokens from the
+    entry, else "finished": exiting is expected, the SHUTDOWN may still have hops to go)."""
+    if spec.stage >= spec.n_stages:  # an edge client: it drafts, the entry verifies
+        await resolve(spec.runner)(spec.decode, ring, spec.spec).run()
+        return "finished", None
+    if spec.every_agent:  # tensor parallelism: every rank runs the mode, rank 0 reports
+        # (no probe laps: another rank's first all-reduce message could overtake them at the entry)
+        tokens = await resolve(spec.runner)(spec.decode, ring).run()
+        return ("done", {"tokens": tokens}) if plan.is_entry else ("finished", None)
+    if spec.is_head:
+        from agents.head import serve_head
+
+        await serve_head(ring, resolve(spec.runner)(spec.decode, ring).sample)
+        return "finished", None
+    if plan.is_entry:
+        await ring.probe()
+        tokens = await resolve(spec.runner)(spec.decode, ring).run()
+        await ring.shutdown()
+        return "done", {"tokens": tokens}
+    await ring.serve()
+    return "finished", None
 
 
 def run_process(spec: AgentSpec, control_fd: int) -> int:

@@ -54,7 +54,7 @@ class RingClient:
         self.kv_ship = kv_ship
         self.tp = tp or TPConfig()  # parallel = "tp": the all-reduce agents.tp runs over these links
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
-        # scenario's time (the box's / D) they take what they took (testbed.dilation).
+        # scenario's time (the box's / D) they take what they took (testbed.run.dilation).
         self.dilation = dilation
         self.mode = mode
         self.report_event = report

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Callable, Final
 
 from rich.console import Group
 from rich.text import Text
@@ -75,37 +75,44 @@ def wall_plot(summary: RunSummary | None, width: int, rows: int) -> Group:
 
     mark = None if measured is None else (min(y_px(measured) // 4, rows - 1), x_px(t_ring_s * 1e3) // 2)
 
-    lines: list[Text] = [title]
-    for row in range(rows):
-        if row == 0:
-            label = f"{y_max:.3g}"
-        elif row == rows - 1:
-            label = "0"
-        elif row == rows // 2:
-            label = f"{y_max * (1 - (row * 4 + 1.5) / (px_h - 1)):.3g}"
-        else:
-            label = ""
-        gutter = f"{label:>{PLOT_Y_GUTTER - 2}} ┤" if label else f"{'':>{PLOT_Y_GUTTER - 2}} │"
-        body = "".join(chr(0x2800 + bits) if bits else " " for bits in cells[row])
-        line = Text(gutter, style="dim", no_wrap=True, overflow="crop")
-        if mark is not None and mark[0] == row:  # one span per run of cells, not one per cell
-            col = mark[1]
-            line.append(body[:col], style="cyan")
-            line.append(MEASURED_MARK, style="bold red")
-            line.append(body[col + 1:], style="cyan")
-        else:
-            line.append(body, style="cyan")
-        lines.append(line)
+    lines = [title, *(_plot_row(row, rows, cells[row], y_max, px_h, mark) for row in range(rows)),
+             _axis_line(cols, x_px, log_min, log_max)]
+    return Group(*lines)
 
+
+def _plot_row(row: int, rows: int, cells: list[int], y_max: float, px_h: int, mark: tuple[int, int] | None) -> Text:
+    """One row of the wall plot: its y label (top, middle, bottom), then its braille cells, the mark on its row."""
+    if row == 0:
+        label = f"{y_max:.3g}"
+    elif row == rows - 1:
+        label = "0"
+    elif row == rows // 2:
+        label = f"{y_max * (1 - (row * 4 + 1.5) / (px_h - 1)):.3g}"
+    else:
+        label = ""
+    gutter = f"{label:>{PLOT_Y_GUTTER - 2}} ┤" if label else f"{'':>{PLOT_Y_GUTTER - 2}} │"
+    body = "".join(chr(0x2800 + bits) if bits else " " for bits in cells)
+    line = Text(gutter, style="dim", no_wrap=True, overflow="crop")
+    if mark is not None and mark[0] == row:  # one span per run of cells, not one per cell
+        col = mark[1]
+        line.append(body[:col], style="cyan")
+        line.append(MEASURED_MARK, style="bold red")
+        line.append(body[col + 1:], style="cyan")
+    else:
+        line.append(body, style="cyan")
+    return line
+
+
+def _axis_line(cols: int, x_px: Callable[[float], int], log_min: float, log_max: float) -> Text:
+    """The x axis: each decade of T_ring (ms) under its place on the curve."""
     axis = [" "] * (cols + 1)
     for decade in range(math.ceil(log_min), math.floor(log_max) + 1):
         label = f"{10.0 ** decade:g}"
         start = 1 + x_px(10.0 ** decade) // 2 - len(label) // 2
         start = max(0, min(start, cols + 1 - len(label)))
         axis[start:start + len(label)] = label
-    lines.append(Text(" " * (PLOT_Y_GUTTER - 1) + "".join(axis).rstrip() + " ms", style="dim", no_wrap=True,
-                      overflow="crop"))
-    return Group(*lines)
+    return Text(" " * (PLOT_Y_GUTTER - 1) + "".join(axis).rstrip() + " ms", style="dim", no_wrap=True,
+                overflow="crop")
 
 
 def sparkline(summary: RunSummary | None, width: int) -> Text:

@@ -22,7 +22,7 @@ class ShaperOptions:
     """
 
     loss_rto_ms: float = DEFAULT_LOSS_RTO_MS
-    # testbed.schedule.LinkEvent objects (src, dst, at_s, to_dict(), describe()): the links' changes over time,
+    # testbed.scenario.schedule.LinkEvent objects (src, dst, at_s, to_dict(), describe()): the links' changes over time,
     # counted from the origin start_schedule is given
     schedule: tuple = ()
 

@@ -17,8 +17,8 @@ from pyroute2.netlink.rtnl import rt_proto, rt_scope
 
 from netem.nsutil import OFFLOADS_OFF, PAIR_ROUTE_PROTOCOL, PAIR_ROUTE_SCOPE
 from netem.plan import INITIAL_WINDOW_SEGMENTS, NetemPlan, NetworkPlan, VethPlan
+from testbed.core.records import BYTES_PER_MBIT
 
-MBIT_BYTES_S = 1e6 / 8
 
 
 def _handle(handle: int) -> str:
@@ -55,7 +55,7 @@ def netem_arguments(q: NetemPlan) -> str:
     if q.loss_pct:
         parts.append(f"loss {q.loss_pct:g}%")
     if q.rate_bytes_s:
-        parts.append(f"rate {q.rate_bytes_s / MBIT_BYTES_S:g}mbit")
+        parts.append(f"rate {q.rate_bytes_s / BYTES_PER_MBIT:g}mbit")
     parts.append(f"limit {q.limit_packets}")
     parts.append(f"seed {q.seed}")
     return " ".join(parts)

@@ -45,7 +45,7 @@ from netem.netlink import decode_qdisc, ipr_in, netem_message, netem_message_cla
 from netem.plan import IFNAMSIZ, TC_H_ROOT, NetemPlan, plan_netem, validate
 from netem.probe import CAP_NET_ADMIN, effective_capabilities
 from testbed.core.errors import ShapingError
-from testbed.core.records import LinkSpec
+from testbed.core.records import BYTES_PER_MBIT, LinkSpec
 
 EGRESS_MAJOR = 0x6772  # "gr"
 ROOT_HANDLE = EGRESS_MAJOR << 16  # 6772: -- fixed, so `testbed clean` finds a leftover on any interface
@@ -342,7 +342,7 @@ class EgressShaper:
         return got
 
     def _add_peer(self, ipr, index: int, p: PeerPlan) -> None:
-        rate = round(max(PEER_CLASS_RATE_MBIT, p.link.rate_mbit) * 1e6 / 8)  # bytes/s
+        rate = round(max(PEER_CLASS_RATE_MBIT, p.link.rate_mbit) * BYTES_PER_MBIT)  # bytes/s
         burst = round(rate * CLASS_BURST_S)
         peer = f"{self.iface} for {p.ip}:{p.port} ({p.link.name})"
         _step(f"adding htb class {tc_handle(p.classid)} on {peer}", "sch_htb",

@@ -1,4 +1,4 @@
-"""Shapers for one node of a several-host run (testbed.node): each node shapes only its own links out.
+"""Shapers for one node of a several-host run (testbed.hosts.node): each node shapes only its own links out.
 
     none    the real network as is: a node dials its peers' addresses directly (the scenario's hops become
             what was expected; the run reports what it measured)

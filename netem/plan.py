@@ -58,7 +58,7 @@ import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from testbed.core.records import LinkSpec
+from testbed.core.records import BYTES_PER_MBIT, LinkSpec
 from testbed.core.errors import ShapingError
 
 PREFIX_ROOT = "gr"
@@ -245,7 +245,7 @@ def normal_distribution_table() -> bytes:
 def limit_packets(delay_ms: float, jitter_ms: float, rate_mbit: float) -> int:
     """netem `limit`: at least LIMIT_HEADROOM x packets/s x worst-case delay, never below netem's 1000."""
     rate = rate_mbit if rate_mbit > 0 else UNLIMITED_ASSUMED_MBIT
-    packets_per_s = rate * 1e6 / 8 / MTU_BYTES
+    packets_per_s = rate * BYTES_PER_MBIT / MTU_BYTES
     worst_delay_s = (delay_ms + JITTER_TAIL_SIGMAS * jitter_ms) / 1e3
     return max(DEFAULT_LIMIT_PACKETS, math.ceil(LIMIT_HEADROOM * packets_per_s * worst_delay_s))
 
@@ -277,7 +277,7 @@ def validate(links: list[LinkSpec], n_stages: int) -> None:
         _check_number(link, "jitter_ms", link.jitter_ms, 0.0, MAX_DELAY_MS)
         _check_number(link, "loss_pct", link.loss_pct, 0.0, 100.0)
         _check_number(link, "rate_mbit", link.rate_mbit, 0.0, MAX_RATE_MBIT)
-        if 0 < link.rate_mbit * 1e6 / 8 < 1:
+        if 0 < link.rate_mbit * BYTES_PER_MBIT < 1:
             raise ShapingError(f"link {link.name}: rate_mbit {link.rate_mbit!r} is below 1 byte/s")
         if not isinstance(link.seed, int) or isinstance(link.seed, bool) or not 0 <= link.seed < 2**64:
             raise ShapingError(f"link {link.name}: seed must be an integer in [0, 2**64), got {link.seed!r}")
@@ -286,9 +286,9 @@ def validate(links: list[LinkSpec], n_stages: int) -> None:
 def plan_netem(link: LinkSpec, namespace: str, ifname: str) -> NetemPlan:
     """The root netem qdisc for one directed link (see the module docstring for the choices)."""
     if link.rate_mbit > 0:
-        rate_bytes_s, fifo_only = round(link.rate_mbit * 1e6 / 8), False
+        rate_bytes_s, fifo_only = round(link.rate_mbit * BYTES_PER_MBIT), False
     elif link.jitter_ms > 0:
-        rate_bytes_s, fifo_only = round(FIFO_RATE_MBIT * 1e6 / 8), True
+        rate_bytes_s, fifo_only = round(FIFO_RATE_MBIT * BYTES_PER_MBIT), True
     else:
         rate_bytes_s, fifo_only = 0, False
     return NetemPlan(

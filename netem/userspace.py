@@ -60,7 +60,7 @@ class LinkTiming:
     rto_s: float = DEFAULT_RTO_MS / 1e3
     seed: int = 0
 
-    events: tuple[dict, ...] = ()  # testbed.schedule.LinkEvent fields, by at_s: applied once `origin` is set
+    events: tuple[dict, ...] = ()  # testbed.scenario.schedule.LinkEvent fields, by at_s: applied once `origin` is set
     origin: float | None = None  # the clock's time the schedule counts from (the launcher sends it at run start)
 
     def __post_init__(self) -> None:
@@ -79,7 +79,7 @@ class LinkTiming:
                    events)
 
     def _apply(self, arrival: float) -> None:
-        """Swap in every scheduled change due by `arrival` (a moving network: testbed.schedule)."""
+        """Swap in every scheduled change due by `arrival` (a moving network: testbed.scenario.schedule)."""
         while self._pending and self.origin is not None and self.origin + self._pending[0]["at_s"] <= arrival:
             event = self._pending.pop(0)
             at = self.origin + event["at_s"]

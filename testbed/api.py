@@ -21,7 +21,7 @@ from typing import Any, Callable
 import trio
 from rich.console import Console
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.summary import RunSummary
 from testbed.studies.base import ensure_models, make_scenario as scenario
 from testbed.studies.sweep.measure import sweep_scenario
@@ -30,10 +30,10 @@ from testbed.studies.sweep.measure import sweep_scenario
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
         overrides: list[str] | None = None, log: Callable[[str], None] | None = None, dilation: float | str = "auto",
         compensate: bool = False, trace: str | Path | None = None, **keys: Any) -> RunSummary:
-    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.dilation; trace:
-    write its laps there as a Chrome trace-event timeline, testbed.trace)."""
-    from testbed.launcher import run_scenario
-    from testbed.trace import tracing
+    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.run.dilation; trace:
+    write its laps there as a Chrome trace-event timeline, testbed.run.trace)."""
+    from testbed.run.launcher import run_scenario
+    from testbed.run.trace import tracing
 
     sc = scenario(name_or_path, tokens=tokens, overrides=overrides, **keys)
     ensure_models()

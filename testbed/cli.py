@@ -13,14 +13,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from testbed import api
-from testbed.config import Scenario, builtin_names, load_scenario
+from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
 from testbed.studies import STUDIES
 from testbed.studies.base import add_run_options, add_trace_option
 from testbed.report.build import main as report_main
-from testbed.trace import tracing
+from testbed.run.trace import tracing
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -37,23 +37,15 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                     dashboard: bool, verbose: bool, options: argparse.Namespace, launch=None) -> list[RunSummary]:
     """Run scenarios (phases) one after another under one exporter and one live dashboard.
 
-    launch(scenario, runlog, log) -> a launcher replaces this box's (testbed.node: one node of several hosts).
+    launch(scenario, runlog, log) -> a launcher replaces this box's (testbed.hosts.node: one node of several hosts).
     """
-    from testbed.collector import RunCollector, serve
-    from testbed.launcher import Launcher, prepare
-    from testbed.runlog import RunLog
-    from testbed.summarize import summarize
+    from testbed.run.collector import RunCollector
+    from testbed.run.launcher import Launcher, prepare
+    from testbed.run.runlog import RunLog
+    from testbed.run.summarize import summarize
 
-    registry = CollectorRegistry()
     logs: list[RunLog] = []
-    registry.register(RunCollector(lambda: logs))
-    try:
-        host, port = serve(registry, metrics_port)
-    except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc.strerror}; "
-                          f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
-    url = f"http://{host}:{port}/metrics"
-    console.print(f"Prometheus metrics: [bold]{url}[/bold]")
+    url = _serve_metrics(RunCollector(lambda: logs), metrics_port, console)
     lap_log = Path(options.lap_log) if getattr(options, "lap_log", None) else None
     if lap_log is not None:
         lap_log.parent.mkdir(parents=True, exist_ok=True)
@@ -73,13 +65,7 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
             shaper, dilation = await prepare(scenario, shaper_kind, dilation=options.dilation,
                                              compensate=options.compensate, log=log, echo_agent_stderr=verbose,
                                              calibrations=calibrations)
-            dilated = (f" Dilation: [bold]x{dilation.factor:g}[/bold] ("
-                       f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason})." if dilation else "")
-            why = f" ({escape(shaper.reason)})" if i == 0 else ""  # the reason is said once, in the first phase
-            console.print(f"Phase {i + 1}/{len(scenarios)}: [bold]{scenario.decode.mode}[/bold] decode. "
-                          f"Shaper: [bold]{shaper.name}[/bold]{why}.{dilated}")
-            if verbose and shaper.probe and i == 0:
-                console.print(f"  probe: {escape(shaper.probe)}")
+            _print_phase(console, i, len(scenarios), scenario, shaper, dilation, verbose)
             if i > 0:
                 logs[-1].close()
                 logs.append(RunLog(scenario, metrics_url=url, lap_log=lap_log))
@@ -100,6 +86,33 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
         finally:
             nursery.cancel_scope.cancel()
     return summaries
+
+
+def _serve_metrics(collector, metrics_port: int, console: Console) -> str:
+    """The run's Prometheus exporter on 127.0.0.1:metrics_port (0: any free port); its URL."""
+    from testbed.run.collector import serve
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        host, port = serve(registry, metrics_port)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: {exc.strerror}; "
+                          f"pick another with --metrics-port (0 = any free port)", key="--metrics-port") from exc
+    url = f"http://{host}:{port}/metrics"
+    console.print(f"Prometheus metrics: [bold]{url}[/bold]")
+    return url
+
+
+def _print_phase(console: Console, i: int, n: int, scenario: Scenario, shaper, dilation, verbose: bool) -> None:
+    """A phase's first line: its mode, the shaper (its reason said once, in the first phase) and the dilation."""
+    dilated = (f" Dilation: [bold]x{dilation.factor:g}[/bold] ("
+               f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason})." if dilation else "")
+    why = f" ({escape(shaper.reason)})" if i == 0 else ""
+    console.print(f"Phase {i + 1}/{n}: [bold]{scenario.decode.mode}[/bold] decode. "
+                  f"Shaper: [bold]{shaper.name}[/bold]{why}.{dilated}")
+    if verbose and shaper.probe and i == 0:
+        console.print(f"  probe: {escape(shaper.probe)}")
 
 
 def print_summary(console: Console, summaries: list[RunSummary]) -> None:
@@ -140,11 +153,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from agents.configs import model_config
     from netem.base import ShaperOptions
     from netem.select import plan_lines
-    from testbed.config import split_layers
-    from testbed.launcher import new_run_id
+    from testbed.run.launcher import new_run_id
 
     scenario = scenario_from_args(args)
-    ranges = split_layers(model_config(scenario.model).n_layer, scenario.stages, scenario.source)
+    ranges = scenario.layer_ranges(model_config(scenario.model).n_layer)
     out = [f"# scenario {scenario.name}: {scenario.n_stages} stages, T_ring {scenario.t_ring_s * 1e3:.3f} ms, "
            f"decode {scenario.decode.mode}, model {scenario.model}"]
     if args.dilation == "auto" or args.compensate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from testbed.config import scenario_from_dict
+from testbed.scenario.config import scenario_from_dict
 from testbed.core.records import HeadTiming, LapRecord, Stamp
 
 STAGES: Final = ["hong-kong", "dublin", "new-york"]

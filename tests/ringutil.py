@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from testbed.config import Scenario, scenario_from_dict
+from testbed.scenario.config import Scenario, scenario_from_dict
 
 EXACT = 1e-6  # the exact tier's tolerance: measured against predicted on the virtual backend (netem.virtual)
 
@@ -48,7 +48,7 @@ def rate_tolerance(n_hops: int, lap_s: float, dilation: float = 1.0, *, real: bo
 
 
 def run(scenario: Scenario, shaper: str = "virtual", dilation: float = 1.0):
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     async def main():
         with trio.fail_after(RUN_TIMEOUT_S):

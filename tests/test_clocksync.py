@@ -1,4 +1,4 @@
-"""Clock offsets across hosts (testbed.clocksync): a skewed clock server is found within the probe's bound,
+"""Clock offsets across hosts (testbed.hosts.clocksync): a skewed clock server is found within the probe's bound,
 drift is fitted, a jump is flagged, and lap stamps move onto the entry's clock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from testbed.clocksync import (ClockProbe, OffsetEstimate, OffsetTrack, clock_violations, estimate, hop_bounds_s,
+from testbed.hosts.clocksync import (ClockProbe, OffsetEstimate, OffsetTrack, clock_violations, estimate, hop_bounds_s,
                                serve_clock, to_entry_clock)
 from testbed.core.clock import now
 from testbed.core.errors import LinkBroken, PeerTimeout
@@ -63,7 +63,7 @@ async def _silent(stream: trio.SocketStream) -> None:
 def test_a_clock_server_that_dies_or_hangs_is_a_testbed_error(server, error, monkeypatch):
     # the entry re-probes every node through the run: a node killed mid-probe must not crash it with a
     # foreign error (a reset is trio.BrokenResourceError, no OSError) but say which server, in our own type
-    monkeypatch.setattr("testbed.clocksync.PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("testbed.hosts.clocksync.PROBE_TIMEOUT_S", 0.3)
 
     async def main():
         with trio.fail_after(10):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agents import wire
 from testbed.studies.codecs.measure import COMPARED, label, quality
-from testbed.config import load_scenario, scenario_from_dict
+from testbed.scenario.config import load_scenario, scenario_from_dict
 from testbed.core.decode import WireConfig
 from testbed.core.errors import ConfigError, WireError
 from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, run

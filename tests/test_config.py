@@ -2,7 +2,8 @@
 
 import pytest
 
-from testbed.config import builtin_names, load_scenario, split_layers
+from testbed.scenario.config import builtin_names, load_scenario
+from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError
 
 GOOD = '''

@@ -13,12 +13,12 @@ import pytest
 import trio
 
 from agents import wire
-from testbed.config import load_scenario, scenario_from_dict
+from testbed.scenario.config import load_scenario, scenario_from_dict
 from testbed.core.decode import WireConfig
 from testbed.core.errors import ConfigError, WireError
 from testbed.core.roofline import Roofline
 from testbed.deploy.catalog import hardware_preset, model_preset
-from testbed.launcher import run_scenario
+from testbed.run.launcher import run_scenario
 
 pytestmark = pytest.mark.exact
 

@@ -1,4 +1,4 @@
-"""Time dilation (testbed.dilation): the box runs D times slower, the figures come back in scenario time.
+"""Time dilation (testbed.run.dilation): the box runs D times slower, the figures come back in scenario time.
 
 Unit tests pin the arithmetic (records, scenarios, the choice of D); the slow tests run real rings side by
 side undilated and dilated, and check that dilation divides the testbed's overhead by D while the
@@ -12,14 +12,14 @@ import dataclasses
 import pytest
 import trio
 
-from testbed.config import load_scenario
+from testbed.scenario.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
-from testbed.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
+from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_scenario, choose, parse_dilation, resolve)
-from testbed.runlog import RunLog
-from testbed.summarize import summarize
+from testbed.run.runlog import RunLog
+from testbed.run.summarize import summarize
 from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
 from tests.ringutil import REAL_HOP_OVERHEAD_BUDGET_MS, rate_tolerance, ring_scenario, run
 
@@ -191,7 +191,7 @@ def metro():
 
 
 def run_dilated(scenario, dilation, compensate=False):
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     async def main():
         with trio.fail_after(240):

@@ -12,7 +12,7 @@ from testbed import api
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import Stamp
-from testbed.dsd_summary import round_bytes
+from testbed.run.modes.dsd import round_bytes
 from testbed.studies.dsd.measure import DsdRow, autoregressive_request, colocated_request, crossover
 from tests.ringutil import run
 

@@ -28,11 +28,13 @@ from agents import wire
 from agents.agent import AgentSpec
 from agents.train import MODEL_CONFIGS
 from testbed import cli
-from testbed.config import _NETWORK_KEYS, _STAGE_KEYS, _TOP_KEYS, load_scenario, split_layers
+from testbed.scenario.config import _TOP_KEYS, load_scenario
+from testbed.scenario.network import NETWORK_KEYS as _NETWORK_KEYS
+from testbed.scenario.stages import STAGE_KEYS as _STAGE_KEYS, split_layers
 from testbed.core.decode import MODES, DecodeConfig, PlacementConfig, SpecConfig, TPConfig, WireConfig
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
-from testbed.regions import REGION_KEYS
+from testbed.scenario.regions import REGION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from agents import wire
-from testbed.config import scenario_from_dict, split_layers
+from testbed.scenario.config import scenario_from_dict
+from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError
 from tests.ringutil import EXACT, HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, rate_tolerance, run
 

@@ -13,7 +13,8 @@ import torch
 from agents.hf.build import build_checkpoint
 from agents.hf.model import load_hf
 from agents.stage import PipelineStage, StagePlan
-from testbed.config import scenario_from_dict, split_layers
+from testbed.scenario.config import scenario_from_dict
+from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError
 from tests.ringutil import run
 

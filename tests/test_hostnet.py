@@ -1,4 +1,4 @@
-"""One node's shaping (netem.hostnet) and the node command's errors without torchrun (testbed.node)."""
+"""One node's shaping (netem.hostnet) and the node command's errors without torchrun (testbed.hosts.node)."""
 
 from __future__ import annotations
 

@@ -9,27 +9,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("testbed", "agents", "netem", "dashboards")
-# Lower numbers are lower floors; a module may import its own floor or any floor below.
-LAYERS = (
-    (0, ("testbed.core",)),
+# The floors are folders: lower numbers are lower floors, and a module may import its own floor or any below.
+# A module's floor is its folder's (testbed's own files, api, cli, node, are the top); a new folder under
+# testbed/ must take a floor here (test_every_folder_has_a_floor).
+FLOORS = (
+    (0, ("testbed/core",)),
     (1, ("agents", "netem")),
-    (2, ("testbed.config", "testbed.validate", "testbed.regions", "testbed.runlog", "testbed.trace", "testbed.predict",
-         "testbed.summarize", "testbed.spec_summary", "testbed.streams_summary", "testbed.tp_summary",
-         "testbed.tree_summary", "testbed.dsd_summary", "testbed.placement_rules",
-         "testbed.decode_rules", "testbed.model_rules", "testbed.schedule", "testbed.collector",
-         "testbed.dilation", "testbed.launcher", "testbed.scenarios", "testbed.deploy")),
-    (3, ("dashboards",)),
-    (4, ("testbed.studies",)),  # a folder per study, and their registry
-    (5, ("testbed.report",)),  # reads every study's report part
-    (6, ("testbed",)),  # the top: api, cli, node
+    (2, ("testbed/deploy", "testbed/scenario")),  # the catalogues; a scenario, its sections' rules, the built-ins
+    (3, ("testbed/run",)),  # one run: launcher, dilation, run log, summary, collector, trace
+    (4, ("dashboards",)),
+    (5, ("testbed/studies",)),  # a folder per study, and their registry
+    (6, ("testbed/report",)),  # reads every study's report part
+    (7, ("testbed/hosts", "testbed")),  # the top: api, cli, node and the several-host run
 )
 SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
 
 
+def folder_of(module: str) -> str:
+    """The folder that sets a module's floor: testbed/<sub> for testbed's subfolders, else the package."""
+    parts = module.split(".")
+    if parts[0] == "testbed" and len(parts) > 1 and (ROOT / "testbed" / parts[1]).is_dir():
+        return f"testbed/{parts[1]}"
+    return parts[0]
+
+
 def layer_of(module: str) -> int:
-    best = max((prefix for _, prefixes in LAYERS for prefix in prefixes
-                if module == prefix or module.startswith(prefix + ".")), key=len)
-    return next(level for level, prefixes in LAYERS if best in prefixes)
+    folder = folder_of(module)
+    return next(level for level, folders in FLOORS if folder in folders)
 
 
 def project_modules() -> dict[str, Path]:
@@ -68,17 +74,23 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_imports_point_down_only():
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     upward = []
-    for module, targets in import_graph().items():
+    for module, targets in graph.items():
         for target in targets:
             if target == "testbed" and module.startswith("testbed."):
                 continue
             if layer_of(target) > layer_of(module):
-                upward.append(f"{module} (floor {layer_of(module)}) imports {target} (floor {layer_of(target)})")
+                upward.append(f"{module} (floor {layer_of(module)}, {folder_of(module)}) imports {target} "
+                              f"(floor {layer_of(target)}, {folder_of(target)})")
             if (module.split(".")[0], target.split(".")[0]) in SIDEWAYS_FORBIDDEN:
                 upward.append(f"{module} imports {target} across floor 1")
-    assert not upward, "\n".join(sorted(upward))
+    return sorted(upward)
+
+
+def test_imports_point_down_only():
+    upward = upward_imports(import_graph())
+    assert not upward, "\n".join(upward)
 
 
 def test_no_import_cycles():
@@ -116,7 +128,7 @@ def test_no_import_cycles():
 def test_the_ground_floor_imports_nothing_heavy():
     code = ("import sys, testbed.core, testbed.core.errors, testbed.core.clock, testbed.core.physics, "
             "testbed.core.records, testbed.core.channel, testbed.core.decode, testbed.core.summary; "
-            "print(sorted(m for m in ('testbed.launcher', 'testbed.cli', 'torch', 'rich', 'agents', 'netem') "
+            "print(sorted(m for m in ('testbed.run.launcher', 'testbed.cli', 'torch', 'rich', 'agents', 'netem') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -125,19 +137,31 @@ def test_the_ground_floor_imports_nothing_heavy():
 def test_a_real_time_launcher_imports_no_torch():
     """Its agents compute, forked from the fork server; the launcher only starts them and reads their laps (torch
     costs ~1 s and ~200 MB here, ~20 s inside user-mode-linux). The virtual backend imports it where it runs."""
-    code = ("import sys, testbed.cli, testbed.launcher, testbed.summarize, netem.select, dashboards.render; "
+    code = ("import sys, testbed.cli, testbed.run.launcher, testbed.run.summarize, netem.select, dashboards.render; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
+def test_every_folder_has_a_floor():
+    folders = {folder_of(name) for name in project_modules()}
+    floored = {folder for _, names in FLOORS for folder in names}
+    assert folders <= floored, f"folders without a floor in FLOORS: {sorted(folders - floored)}"
+    assert floored <= folders, f"floors name folders that hold no module: {sorted(floored - folders)}"
+    assert layer_of("testbed.cli") == layer_of("testbed.node") == layer_of("testbed.hosts.node") == 7
+
+
 def test_the_layer_check_catches_an_upward_import(tmp_path):
-    assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.launcher") \
-        < layer_of("dashboards.live") < layer_of("testbed.studies.faults.measure") < layer_of("testbed.report.build") \
-        < layer_of("testbed.cli")
+    assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.scenario.config") \
+        < layer_of("testbed.run.launcher") < layer_of("dashboards.live") < layer_of("testbed.studies.faults.measure") \
+        < layer_of("testbed.report.build") < layer_of("testbed.cli")
     fake = tmp_path / "m.py"
-    fake.write_text("def f():\n    from testbed.launcher import Launcher\n")
-    assert imports_of(fake, project_modules()) == {"testbed.launcher"}
+    fake.write_text("def f():\n    from testbed.run.launcher import Launcher\n")
+    planted = imports_of(fake, project_modules())
+    assert planted == {"testbed.run.launcher"}
+    graph = import_graph() | {"testbed.scenario.planted": planted}  # a scenario module reaching up into run/
+    assert upward_imports(graph) == ["testbed.scenario.planted (floor 2, testbed/scenario) imports "
+                                     "testbed.run.launcher (floor 3, testbed/run)"]
 
 
 def test_every_module_says_what_it_is_for_and_stays_small():
@@ -151,3 +175,15 @@ def test_every_module_says_what_it_is_for_and_stays_small():
             too_long.append(f"{name}: {lines} lines")
     assert not undocumented, undocumented
     assert not too_long, too_long
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_over_60_lines():
+    """A function does one thing a reader can hold: split one that grows past MAX_FUNCTION_LINES."""
+    long = [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for name, path in project_modules().items() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long

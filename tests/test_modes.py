@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.ringutil import ring_scenario, run
-from testbed.collector import RunCollector
+from testbed.run.collector import RunCollector
 from testbed.core import decode
 from testbed.core.decode import ModeInfo
 from testbed.core.errors import ConfigError
-from testbed.runlog import RunLog
+from testbed.run.runlog import RunLog
 
 ECHO = ModeInfo("echo", "tests.echo_mode:EchoMode", metric_kind="echo")
 PROMPT = "def echo(x):\n    return x\n"
@@ -41,7 +41,7 @@ def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(ec
 
 
 def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode(monkeypatch):
-    from testbed.config import scenario_from_dict
+    from testbed.scenario.config import scenario_from_dict
     from testbed.core.lapstats import DECODE_KINDS
 
     assert DECODE_KINDS == decode.decode_lap_kinds() == ("decode", "spec", "tree")  # every mode's lap_kind

@@ -1,5 +1,5 @@
 """Several hosts with kernel egress shaping: namespaces as hosts (tests/hostsutil.py), each node shaping its own
-eth0 per peer with netem (`testbed.node --shape egress`, netem.hostnet + netem.egress).
+eth0 per peer with netem (`testbed.hosts.node --shape egress`, netem.hostnet + netem.egress).
 
 Needs root and sch_netem (plus sch_htb and cls_u32): on this project's kernel, inside user-mode-linux:
     python -m netem.uml --timeout 900 -- .venv/bin/python -m pytest -m netem tests/test_netem_nodes.py -v

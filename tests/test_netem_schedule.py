@@ -8,10 +8,10 @@ good at 9 s, which the 3 s lap timeout turns into an error naming the link. UML'
 import pytest
 import trio
 
-from testbed.config import scenario_from_dict
+from testbed.scenario.config import scenario_from_dict
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.launcher import run_scenario
-from testbed.runlog import RunLog
+from testbed.run.launcher import run_scenario
+from testbed.run.runlog import RunLog
 
 pytestmark = pytest.mark.netem
 
@@ -45,7 +45,9 @@ def test_netem_follows_the_schedule_and_a_partition_ends_the_run_naming_the_link
     assert up.due_s == round(down.landed_s + 0.5, 6), log.schedule_changes  # down for 0.5 s once down
     before = [lap.hop_latencies_s()[0] for lap in laps if lap.end < origin + 2.9]
     after = [lap.hop_latencies_s()[0] for lap in laps if origin + delay.landed_s + 0.1 < lap.start < origin + 5.8]
-    assert before and after and max(before) < 0.020 and min(after) > 0.039  # tc change took: 5 ms, then 40 ms
+    # tc's change took: 5 ms, then 40 ms. netem is never early, so every hop after is >= 40 ms; before it, a hop
+    # may be late by a stall of the guest's one vCPU (once 20 ms, with the host's two cores busy): 9 in 10 are not
+    assert before and after and sorted(before)[len(before) * 9 // 10] < 0.020 and min(after) > 0.039, (before, after)
     # the partition held from somewhere in [down.sent_s, down.landed_s] to somewhere in [up.sent_s, up.landed_s]
     held = [lap.duration_s for lap in laps if origin + down.sent_s - 0.2 < lap.start < origin + up.landed_s]
     assert held and max(held) > 0.2, (held, log.schedule_changes)  # a lap waited for it and TCP's retransmission

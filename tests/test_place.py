@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from testbed.config import load_scenario, scenario_from_dict
+from testbed.scenario.config import load_scenario, scenario_from_dict
 from testbed.core.errors import ConfigError
 from testbed.studies.place.measure import PlaceResult, exact_orders, ring_s, reordered, search, two_opt
 

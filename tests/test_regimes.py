@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from testbed.config import load_scenario
+from testbed.scenario.config import load_scenario
 from testbed.studies.regimes.measure import PROMPT_TOKENS, SLOW_RATE_MBIT, RegimesResult, knee, plan, stream_counts
 
 SCENARIO = """name = "regimes-test"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from testbed.collector import RunCollector
+from testbed.run.collector import RunCollector
 from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
-from testbed.runlog import RunLog, latency_buckets
-from testbed.summarize import summarize
+from testbed.run.runlog import RunLog, latency_buckets
+from testbed.run.summarize import summarize
 from tests.fakes import (HOP_DELAYS_S, HOP_OVERHEAD_S, HOPS, SPEC_ACCEPTED, SPEC_DRAFT_S, SPEC_K, STAGE_COMPUTE_S,
                          fake_lap, fake_scenario)
 

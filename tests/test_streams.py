@@ -14,7 +14,7 @@ import torch
 from agents import wire
 from agents.prompts import synthetic
 from agents.train import load_model
-from testbed.config import scenario_from_dict
+from testbed.scenario.config import scenario_from_dict
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import Stamp

@@ -15,10 +15,10 @@ from typing import Final
 import pytest
 from prometheus_client import CollectorRegistry
 
-from testbed.collector import RunCollector
-from testbed.config import scenario_from_dict
+from testbed.run.collector import RunCollector
+from testbed.scenario.config import scenario_from_dict
 from testbed.core.records import LapRecord, Stamp
-from testbed.runlog import STREAMS_WINDOW_LAPS_PER_STREAM, RunLog
+from testbed.run.runlog import STREAMS_WINDOW_LAPS_PER_STREAM, RunLog
 from tests.fakes import fake_lap, fake_scenario
 
 STAGES: Final = ("entry", "middle", "last")

@@ -10,7 +10,7 @@ import testbed
 from testbed import cli
 from testbed.report import build as report
 from testbed.studies import STUDIES
-from testbed.trace import laps_of, read_trace
+from testbed.run.trace import laps_of, read_trace
 from tests.echo_study import STUDY as ECHO
 
 

@@ -14,8 +14,8 @@ from agents import wire
 from netem.userspace import UserspaceShaper
 from tests.ringutil import ring_scenario
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.runlog import RunLog
-from testbed.launcher import Launcher, new_run_id
+from testbed.run.runlog import RunLog
+from testbed.run.launcher import Launcher, new_run_id
 
 pytestmark = pytest.mark.fidelity
 TEARDOWN_LIMIT_S = 2.0

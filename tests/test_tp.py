@@ -129,7 +129,7 @@ def test_all_to_all_is_one_exchange_per_all_reduce():
     """Two ranks, links 20 and 30 ms: all-to-all over the ring's two links, 12 exchanges a token."""
     raw = {"stages": [{"name": "a", "compute_ms": 6.0}, {"name": "b", "compute_ms": 6.0}],
            "network": {"hops_ms": [20.0, 30.0]}, "decode": {"tokens": 6, "temperature": 0.0}}
-    from testbed.config import scenario_from_dict
+    from testbed.scenario.config import scenario_from_dict
 
     pp = run(scenario_from_dict(raw, "<test>"), dilation=DILATION)
     tp = run(scenario_from_dict({**raw, "parallel": "tp", "tp": {"allreduce": "all-to-all"}}, "<test>"),

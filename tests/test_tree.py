@@ -125,7 +125,7 @@ def test_greedy_tree_decoding_is_token_for_token_plain_greedy(policy):
 
 
 def rate_limited_tree(head: str):
-    from testbed.config import scenario_from_dict
+    from testbed.scenario.config import scenario_from_dict
 
     return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": 5.0} for i in range(3)],
                                "network": {"hops_ms": [20.0, 20.0, 20.0], "rate_mbit": 10.0},

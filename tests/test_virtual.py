@@ -10,11 +10,11 @@ import trio
 
 from netem.virtual import WALL_CLOCK_FIELDS
 from testbed import api
-from testbed.config import scenario_from_dict
+from testbed.scenario.config import scenario_from_dict
 from testbed.core import physics, virtual_time
 from testbed.core.errors import AgentFailed, ConfigError, leaf_errors
-from testbed.launcher import run_scenario
-from testbed.runlog import RunLog
+from testbed.run.launcher import run_scenario
+from testbed.run.runlog import RunLog
 from tests.ringutil import EXACT, ring_scenario, run
 
 

@@ -111,7 +111,7 @@ class Drafter:
         self.alpha = alpha
         self.temperature = temperature
         self.draft_s = draft_s  # emulated per-token draft time (0 = real time only), already dilated
-        self.dilation = dilation  # real drafting is padded to this many times its length (testbed.dilation)
+        self.dilation = dilation  # real drafting is padded to this many times its length (testbed.run.dilation)
         self.rand = rand
         self.cache = model.new_cache(model.config.n_layer)
         self.fed: list[int] = []  # tokens whose keys/values are in the cache, in order

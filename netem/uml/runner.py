@@ -298,11 +298,7 @@ def run(command: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, mem: str = 
         init.write_text(render_init_script(command, cwd or os.getcwd(), guest_environment(),
                                            module_load_order(moddir), status_file))
         init.chmod(0o755)
-        env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)
-        if host_needs_xstate_shim():
-            env["LD_PRELOAD"] = str(build_xstate_shim(workdir))
-        env["TMPDIR"] = memory_file_dir(mem, workdir)
+        env = uml_environment(workdir, mem)
         # The guest console writes to our stdout (a dup of it); UML's own host-side chatter
         # (boot checks, panics) goes to a log we show on failure or with --verbose.
         sys.stdout.flush()
@@ -326,16 +322,7 @@ def run(command: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, mem: str = 
                   flush=True)
             return EXIT_TIMEOUT
         _kill_group(proc)  # guest processes are host processes in UML's group: reap stragglers
-        try:
-            return int(status_file.read_text().strip())
-        except (OSError, ValueError):
-            print(f"netem.uml: user-mode-linux exited ({proc.returncode}) without the command's status "
-                  "(kernel panic or init failure); its log follows", file=sys.stderr)
-            if log is not None and not verbose:
-                log.seek(0)
-                tail = log.read()[-4000:].decode(errors="replace")
-                print(tail, file=sys.stderr, flush=True)
-            return EXIT_UML_FAILED
+        return command_status(status_file, proc.returncode, None if verbose else log)
     except BaseException:
         if proc is not None and proc.poll() is None:
             _kill_group(proc)
@@ -344,6 +331,30 @@ def run(command: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, mem: str = 
         if log is not None:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def uml_environment(workdir: Path, mem: str) -> dict[str, str]:
+    """UML's environment: the XSAVE shim preloaded where the host needs it, its memory file under TMPDIR."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if host_needs_xstate_shim():
+        env["LD_PRELOAD"] = str(build_xstate_shim(workdir))
+    env["TMPDIR"] = memory_file_dir(mem, workdir)
+    return env
+
+
+def command_status(status_file: Path, uml_returncode: int | None, log) -> int:
+    """The guest command's exit status, as init wrote it; EXIT_UML_FAILED (with UML's log tail) when there is
+    none."""
+    try:
+        return int(status_file.read_text().strip())
+    except (OSError, ValueError):
+        print(f"netem.uml: user-mode-linux exited ({uml_returncode}) without the command's status "
+              "(kernel panic or init failure); its log follows", file=sys.stderr)
+        if log is not None:
+            log.seek(0)
+            print(log.read()[-4000:].decode(errors="replace"), file=sys.stderr, flush=True)
+        return EXIT_UML_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:

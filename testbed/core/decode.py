@@ -35,7 +35,7 @@ class DecodeConfig(JsonRecord):
     k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
     rounds_per_k: int = 30
     # speculation: at least this many rounds, however few tokens they take (0: decode.tokens alone ends the run);
-    # the geo ring asks for enough rounds that K = "auto" and the rate settle (testbed/scenarios/geo-ring.toml)
+    # the geo ring asks for enough rounds that K = "auto" and the rate settle (testbed/scenario/builtin/geo-ring.toml)
     min_rounds: int = 0
     tree_n: int = 16  # tree speculation: nodes drafted per round (agents.modes.tree)
     tree_k: int = 4  # candidates per expanded node, and nodes added per best-first step
@@ -136,14 +136,14 @@ class ModeInfo:
 MODES: dict[str, ModeInfo] = {info.name: info for info in (
     ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS),
     ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
-             summarizer="testbed.spec_summary:summarize_spec", lap_kind="spec"),
+             summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
-             summarizer="testbed.streams_summary:summarize_streams", summary_field="streams"),
-    ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.tree_summary:summarize_tree",
+             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams"),
+    ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
              summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True),
-    ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.dsd_summary:summarize_dsd",
+    ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.run.modes.dsd:summarize_dsd",
              summary_field="dsd", lap_kind="spec"),  # the edge clients' rounds (the server's laps are "verify")
-    ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.tp_summary:summarize_tp",
+    ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.run.modes.tp:summarize_tp",
              summary_field="tp", every_agent=True),
 )}
 

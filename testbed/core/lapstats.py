@@ -102,7 +102,7 @@ class RoundTotals:
 
 @dataclass
 class SpecTotals:
-    """Every speculation round of a run (laps of kind "spec"), for testbed.spec_summary.summarize_spec_totals."""
+    """Every speculation round of a run (laps of kind "spec"), for testbed.run.modes.speculative.summarize_spec_totals."""
 
     overall: RoundTotals = field(default_factory=RoundTotals)
     by_k: dict[int, RoundTotals] = field(default_factory=dict)

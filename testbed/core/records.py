@@ -152,9 +152,12 @@ class LinkSpec(JsonRecord):
         return mbit_to_bytes_s(self.rate_mbit)
 
 
+BYTES_PER_MBIT = 1e6 / 8  # a rate of 1 Mbit/s (10^6 bits) in bytes per second
+
+
 def mbit_to_bytes_s(rate_mbit: float) -> float:
-    """Mbit/s (10^6 bits) -> bytes/s; 0 (unlimited) -> math.inf."""
-    return rate_mbit * 1e6 / 8 if rate_mbit > 0 else math.inf
+    """Mbit/s -> bytes/s; 0 (unlimited) -> math.inf."""
+    return rate_mbit * BYTES_PER_MBIT if rate_mbit > 0 else math.inf
 
 
 # Defaults of the network, each used by the scenario, the shapers and the agents from here.
@@ -259,7 +262,7 @@ class LapRecord(JsonRecord):
         """This lap on a clock running `factor` times as fast: every stamp and duration multiplied by it.
 
         A run under time dilation D is recorded on the box's clock; time_scaled(1 / D) gives it back in the
-        scenario's own time (testbed.dilation).
+        scenario's own time (testbed.run.dilation).
         """
         if factor == 1.0:
             return self

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed.core.errors import ConfigError
-from testbed.validate import check_keys, check_number, check_text
+from testbed.scenario.validate import check_keys, check_number, check_text
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1}
 EARTH_RADIUS_KM = 6371.0  # the mean radius: great-circle distances within ~0.5% of the ellipsoid's

@@ -11,7 +11,7 @@ from testbed.core.errors import ConfigError
 from testbed.core.roofline import Roofline
 from testbed.deploy.catalog import (DTYPE_BYTES, HardwarePreset, ModelPreset, hardware_preset, model_preset,
                                     parse_hardware)
-from testbed.validate import check_keys, number, string
+from testbed.scenario.validate import check_keys, number, string
 
 GEOMETRY_KEYS = {"preset", "d_model", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "params_b",
                  "active_params_b", "dtype", "context"}

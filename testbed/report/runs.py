@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary, SpecSummary
-from testbed.validate import check_number
+from testbed.scenario.validate import check_number
 from testbed.studies.style import DASH, cell
 
 

@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from netem.select import kinds as shaper_kinds
-from testbed.config import Scenario, builtin_names, load_scenario
+from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
-from testbed.dilation import parse_dilation
-from testbed.trace import tracing
+from testbed.run.dilation import parse_dilation
+from testbed.run.trace import tracing
 
 TABLE_WIDTH = 160  # a study's tables print at least this wide (a piped console is 80 wide and would fold them)
 
@@ -114,7 +114,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 def add_trace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="PATH",
                         help="write every lap of every run as a Chrome trace-event timeline (Perfetto, "
-                             "chrome://tracing; testbed.trace): a track per stage and per link")
+                             "chrome://tracing; testbed.run.trace): a track per stage and per link")
 
 
 def int_list(text: str) -> list[int]:

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from testbed.core.records import JsonRecord
 from testbed.studies.base import ReportPart, Study, make_scenario, results_path, write_json
-from testbed.validate import check_number, record_from
+from testbed.scenario.validate import check_number, record_from
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> EchoResult:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     scenario = make_scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
     summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None))

@@ -16,7 +16,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.config import scenario_from_dict
+from testbed.scenario.config import scenario_from_dict
 
 AGENT_STAGES = 16
 READY_TARGET_MS = 100.0  # issue 29: a forked agent ready within 100 ms of the request (p50 over a 16-stage ring)
@@ -46,8 +46,8 @@ def memory_mb(pid: int) -> dict[str, float]:
 async def one_start(fork_server: bool) -> dict:
     """Run the ring once: ready times, memory a few laps in, and the server's preload (fork server only)."""
     from netem.userspace import UserspaceShaper
-    from testbed.launcher import Launcher, new_run_id
-    from testbed.runlog import RunLog
+    from testbed.run.launcher import Launcher, new_run_id
+    from testbed.run.runlog import RunLog
 
     scenario = agent_ring()
     shaper = UserspaceShaper(list(scenario.links), scenario.n_stages, new_run_id())

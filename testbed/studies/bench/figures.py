@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.core.errors import ConfigError
-from testbed.validate import check_number
+from testbed.scenario.validate import check_number
 
 RELAY_NUMBERS = ("delay_ms", "p50_us", "p99_us")
 OVERHEAD_NUMBERS = ("overhead_p50_us", "raw_one_way_p50_us", "ratio")

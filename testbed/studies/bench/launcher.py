@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from testbed.config import load_scenario
+from testbed.scenario.config import load_scenario
 
 
 LAUNCHER_LOG_SIZES = (100, 10_000)  # laps already in the run log when the launcher's per-lap cost is measured
@@ -35,9 +35,9 @@ def launcher_cost_per_lap_us(log_size: int) -> tuple[float, float]:
     logged, and one Prometheus scrape of the collector at that size; both in microseconds."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from testbed.collector import RunCollector
+    from testbed.run.collector import RunCollector
     from testbed.core.records import LapRecord
-    from testbed.runlog import RunLog
+    from testbed.run.runlog import RunLog
 
     scenario = load_scenario("geo-ring")
     log = RunLog(scenario)

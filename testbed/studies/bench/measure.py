@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from netem.userspace import LinkTiming, RelayClock, relay
-from testbed.config import load_scenario
+from testbed.scenario.config import load_scenario
 from testbed.core import clock
 from testbed.core.summary import RunSummary
 from testbed.studies.base import write_json
@@ -170,7 +170,7 @@ class RingResult:
 
 def run_rows(shaper: str, rows: tuple[str, ...], tokens: int) -> list[RingResult]:
     """Every row in every variant, one after another (each row's variants back to back: same box load)."""
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     results = []
     for name in rows:

@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.config import load_scenario
+from testbed.scenario.config import load_scenario
 from testbed.core.errors import TestbedError, leaf_errors
 
 SCALE_TARGET_PCT = 5.0
@@ -26,7 +26,7 @@ SCALE_STREAMS_QUICK = {3: (4, 16), 16: (16,)}
 
 def scale_scenario(n_stages: int, streams: int):
     """The geo ring (3 stages), or a 16-stage ring of the same T_ring on the 16-layer target, M streams batched."""
-    from testbed.config import scenario_from_dict
+    from testbed.scenario.config import scenario_from_dict
 
     decode = {"mode": "streams", "streams": streams, "batching": "continuous", "tokens": SCALE_TOKENS}
     if n_stages == 3:
@@ -41,7 +41,7 @@ def scale_scenario(n_stages: int, streams: int):
 def scale_table(console: Console, quick: bool) -> list[dict]:
     """The largest M the box sustains with the aggregate within SCALE_TARGET_PCT of physics.streams_rates, and
     what each agent costs in CPU and memory (the agents report getrusage at their end)."""
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     rows: list[dict] = []
     table = Table(title=f"5. scale: streams in flight (continuous batching, {SCALE_TOKENS} tokens each, time-dilated "

@@ -27,12 +27,12 @@ import numpy as np
 import trio
 from rich.console import Console
 
-from testbed.config import Scenario, load_scenario
+from testbed.scenario.config import Scenario, load_scenario
 from testbed.core.errors import TestbedError
 from testbed.core.records import LapRecord
 
 if TYPE_CHECKING:
-    from testbed.runlog import RunLog
+    from testbed.run.runlog import RunLog
 
 SOAK_LAPS = 10_000
 SOAK_LAPS_QUICK = 1_000
@@ -264,6 +264,18 @@ def warmup_laps(laps: int, warmup_fraction: float, window_laps: int) -> float:
     return max(warmup_fraction * laps, filled) if filled < 0.5 * laps else warmup_fraction * laps
 
 
+def run_pids(launcher) -> dict[str, int]:
+    """The processes of a run by name: this launcher, its agents, the fork server, the relay."""
+    me = os.getpid()
+    pids = {LAUNCHER: me} | {handle.name: handle.process.pid for handle in launcher.agents}
+    if launcher.forks is not None:  # the agents' parent (agents.forkserver): its pages are theirs too
+        pids[FORK_SERVER] = launcher.forks.process.pid
+    for child in children_of(me):
+        if child not in pids.values() and "relay" not in pids:
+            pids["relay"] = child
+    return pids
+
+
 async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTION, window_laps: int | None = None,
                log: Callable[[str], None] = lambda message: None) -> SoakResult:
     """Run the soak ring for `laps` decode laps in this process and measure it (userspace relay, no dilation).
@@ -271,10 +283,10 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
     window_laps: the run log's window (default runlog.LAP_WINDOW)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from testbed.collector import RunCollector
-    from testbed.launcher import Launcher, prepare
-    from testbed.runlog import LAP_WINDOW, RunLog
-    from testbed.summarize import summarize
+    from testbed.run.collector import RunCollector
+    from testbed.run.launcher import Launcher, prepare
+    from testbed.run.runlog import LAP_WINDOW, RunLog
+    from testbed.run.summarize import summarize
 
     window_laps = window_laps or LAP_WINDOW
     warm_at = warmup_laps(laps, warmup_fraction, window_laps)
@@ -286,17 +298,10 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
     costs: list[tuple[int, float, float]] = []  # (laps, summarize CPU s, scrape CPU s)
     # after the warm-up, then near the end, both while the ring runs (after it, its tasks and buffers are gone)
     footprints: list[Footprint] = []
-    me = os.getpid()
 
     async def sample_memory() -> None:
         while True:
-            pids = {LAUNCHER: me} | {handle.name: handle.process.pid for handle in launcher.agents}
-            if launcher.forks is not None:  # the agents' parent (agents.forkserver): its pages are theirs too
-                pids[FORK_SERVER] = launcher.forks.process.pid
-            for child in children_of(me):
-                if child not in pids.values() and "relay" not in pids:
-                    pids["relay"] = child
-            rss = {name: mb for name, pid in pids.items() if (mb := rss_mb(pid)) is not None}
+            rss = {name: mb for name, pid in run_pids(launcher).items() if (mb := rss_mb(pid)) is not None}
             samples.append(Sample(time.monotonic(), runlog.decode_laps, runlog.decode_tokens, runlog.decode_wall_s,
                                   rss))
             await trio.sleep(SAMPLE_INTERVAL_S)

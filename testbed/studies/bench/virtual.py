@@ -46,7 +46,7 @@ VIRTUAL_HOP_MS = 280.0  # T_ring of every virtual scale ring, split evenly over 
 def virtual_scale_scenario(n_stages: int, streams: int, tokens: int):
     """A ring of n_stages on the 6-layer target: six stages compute a layer each, the rest forward only
     (layers = 0), every stage with 2 ms of emulated compute (+0.02 ms per extra stream in a batch)."""
-    from testbed.config import scenario_from_dict
+    from testbed.scenario.config import scenario_from_dict
 
     decode = ({"mode": "streams", "streams": streams, "batching": "continuous", "tokens": tokens} if streams > 1
               else {"tokens": tokens})
@@ -62,7 +62,7 @@ def virtual_scale_table(console: Console, quick: bool) -> list[dict]:
     physics.streams_rates for many streams), all measured by this run."""
     import resource
 
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     rows: list[dict] = []
     table = Table(title="6. scale on simulated time (--shaper virtual): rings the agent processes cannot reach")

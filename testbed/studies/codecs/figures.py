@@ -11,7 +11,7 @@ from typing import Final
 from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
 from testbed.studies.codecs.result import CodecRow
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 from testbed.studies.style import DASH
 
 

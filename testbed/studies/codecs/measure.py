@@ -28,7 +28,7 @@ from rich.table import Table
 from agents import wire
 from agents.prompts import synthetic
 from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
-from testbed.config import Scenario, split_layers
+from testbed.scenario.config import Scenario
 from testbed.core.decode import WireConfig
 from testbed.studies.codecs.result import CodecRow
 
@@ -79,7 +79,7 @@ def quality(scenario: Scenario, codecs: tuple[WireConfig, ...]) -> dict[str, tup
     from agents.train import MODEL_CONFIGS, load_model
 
     model, draft = load_model(scenario.model), load_model("draft")
-    cuts = split_layers(MODEL_CONFIGS[scenario.model].n_layer, scenario.stages, scenario.source)
+    cuts = scenario.layer_ranges(MODEL_CONFIGS[scenario.model].n_layer)
     windows = [synthetic(WINDOW_TOKENS, 7 * w) for w in range(WINDOWS)]
     reference = [torch.log_softmax(ring_logits(model, ids, cuts, WireConfig("f32")), -1) for ids in windows]
     drafts = [torch.softmax(draft(torch.tensor([ids]))[0], -1) for ids in windows]
@@ -97,7 +97,7 @@ def quality(scenario: Scenario, codecs: tuple[WireConfig, ...]) -> dict[str, tup
 
 
 def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace) -> tuple[float, float, int]:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     overrides = list(args.overrides) + [f'wire.codec="{codec.codec}"', f"wire.block={codec.block}",
                                         "decode.mode=plain", f"decode.prompt_tokens={PROMPT_TOKENS}",

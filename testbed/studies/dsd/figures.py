@@ -19,7 +19,7 @@ from testbed.core.errors import ConfigError
 from testbed.studies.dsd.measure import CapacityRow, DsdResult, DsdRow
 from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, cell, new_figure
 # one set of number/count/text checks for the report's sections, so their messages read alike
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 
 DSD_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
 SHARE_MAX: Final = 1.5  # hit rate and server busy are measured shares: timing may put them a little over 1

@@ -27,7 +27,7 @@ from testbed.core import physics
 from testbed.core.decode import MAX_CLIENTS
 from testbed.core.records import JsonRecord
 from testbed.core.summary import RunSummary
-from testbed.validate import listed
+from testbed.scenario.validate import listed
 
 RTTS_MS = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
 TOKENS = 40
@@ -126,7 +126,7 @@ def crossover(rows: list[DsdRow], mode: str = "pipelined", against: str = "coloc
 
 async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int], jitters: list[float],
                   log) -> DsdResult:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     base = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}"]
 

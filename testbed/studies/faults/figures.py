@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from testbed.core.errors import ConfigError
 from testbed.studies.faults.measure import FaultRow, FaultsResult
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 
 FAULTS = ("jitter", "loss")
 ROW_NON_NEGATIVE = ("value", "lap_ms", "lap_ms_p99", "predicted_ms", "predicted_ms_p99", "lost_pct",

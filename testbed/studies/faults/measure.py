@@ -32,9 +32,9 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.records import JsonRecord
-from testbed.validate import listed
+from testbed.scenario.validate import listed
 
 JITTERS_MS = (0.0, 1.0, 5.0, 20.0)
 LOSSES_PCT = (0.0, 0.1, 1.0, 5.0)
@@ -209,8 +209,8 @@ def _phi_cdf(x: float) -> float:
 async def measure(args: argparse.Namespace, jitters: list[float], losses: list[float], log,
                   shaper: str | None = None) -> FaultsResult:
     """Every row on one backend (`shaper`, default args.shaper)."""
-    from testbed.launcher import run_scenario
-    from testbed.runlog import RunLog
+    from testbed.run.launcher import run_scenario
+    from testbed.run.runlog import RunLog
 
     base = with_fault(make_scenario(args.scenario, overrides=list(args.overrides) + [
         f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0", "decode.mode=plain"]))

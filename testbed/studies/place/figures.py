@@ -13,7 +13,7 @@ from testbed.core.decode import HEAD_PLACEMENTS
 from testbed.core.errors import ConfigError
 from testbed.studies.place.measure import Placement, PlaceResult
 from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, cell, new_figure
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 
 
 # (field, minimum, required): the numbers fig5 and the table read from each placement.

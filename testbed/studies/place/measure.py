@@ -28,8 +28,8 @@ from rich.table import Table
 
 from testbed.deploy.rules import geometry_table
 from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
-from testbed.config import Scenario, scenario_from_dict
-from testbed.regions import RegionMatrix
+from testbed.scenario.config import Scenario, scenario_from_dict
+from testbed.scenario.regions import RegionMatrix
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, console: Console) -> PlaceResult:
     rows = [placement(scenario, "as given")] + [placement(sc, label) for label, sc in runs]
     shaper = "-"
     if args.measure:
-        from testbed.launcher import run_scenario
+        from testbed.run.launcher import run_scenario
 
         ensure_models_on(console)
         measured = []

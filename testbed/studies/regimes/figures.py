@@ -13,7 +13,7 @@ from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
 from testbed.studies.regimes.measure import KINDS, RegimeRow, RegimesResult
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
-from testbed.validate import check_number, record_from
+from testbed.scenario.validate import check_number, record_from
 
 
 # What each regime's rows must carry besides measured and predicted (the figures read them).

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.decode import MAX_STREAMS
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -148,7 +148,7 @@ def table(result: RegimesResult) -> Table:
 
 async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str, ...], tokens: int,
                   log) -> RegimesResult:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     base = make_scenario(scenario_name, overrides=list(args.overrides))
     if "streams" in kinds and base.n_stages < 2:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from netem.select import kinds as shaper_kinds
 from testbed.studies.base import ReportPart, Study, dilation_arg
 from testbed.studies.reproduce import measure
-from testbed.validate import check_number, record_from
+from testbed.scenario.validate import check_number, record_from
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

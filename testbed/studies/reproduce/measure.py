@@ -10,7 +10,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.config import Scenario, scenario_from_dict
+from testbed.scenario.config import Scenario, scenario_from_dict
 from testbed.core.records import JsonRecord
 from testbed.studies.base import ensure_models_on, log_to, print_tables, write_json
 from testbed.studies.reproduce.rows import NOT_EXPRESSED, ROWS, PublishedRow
@@ -71,7 +71,7 @@ def reproduce(row: PublishedRow, args: argparse.Namespace) -> ReproducedRow:
     predicted = predict.decode_tok_s(sc, 0, 1)  # no [[stages]] hardware: the compute is flat in the context
     measured = None
     if args.measure:
-        from testbed.launcher import run_scenario
+        from testbed.run.launcher import run_scenario
 
         summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation))
         measured = summary.measured_tok_s

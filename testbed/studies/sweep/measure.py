@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.config import Scenario, parse_k_range
+from testbed.scenario.config import Scenario, parse_k_range
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
 from testbed.studies.base import ensure_models_on, make_scenario, write_json
@@ -33,7 +33,7 @@ def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float 
 
 
 def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> RunSummary:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     scenario = sweep_scenario(args.scenario, ks, alpha=alpha, rounds=args.rounds,
                               overrides=list(args.overrides) + ([f"decode.tokens={args.tokens}"] if args.tokens else []))

@@ -13,7 +13,7 @@ from testbed.core.decode import ALLREDUCE
 from testbed.core.errors import ConfigError
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.studies.tp.measure import TpResult, TpRow
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 
 
 TP_ROW_POSITIVE: Final = ("hop_scale", "pp_token_ms", "pp_predicted_token_ms", "tp_token_ms",

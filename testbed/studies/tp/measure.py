@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
-from testbed.validate import listed
+from testbed.scenario.validate import listed
 
 TOKENS = 6  # per run: the first is the prompt's lap, the rest are the decode tokens measured
 
@@ -60,7 +60,7 @@ def scaled_links(sc: Scenario, factor: float) -> Scenario:
 
 
 async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResult:
-    from testbed.launcher import run_scenario
+    from testbed.run.launcher import run_scenario
 
     common = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0"]
     pp_base = make_scenario(args.scenario, overrides=common)

@@ -14,7 +14,7 @@ from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
 from testbed.studies.style import CURVE_POINTS, DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 from testbed.studies.tree.measure import TreeFit, TreeRow, TreeSweep
-from testbed.validate import check_count, check_number, check_text, record_from
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
 
 
 TREE_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side

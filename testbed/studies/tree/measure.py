@@ -23,7 +23,7 @@ from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_
 from testbed.core.decode import CODECS, MAX_TREE
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
-from testbed.validate import listed
+from testbed.scenario.validate import listed
 
 TOKENS = 48  # per run
 TREE_K = 8  # candidates per node and nodes per best-first draft step
@@ -92,8 +92,8 @@ def fit(rows: list[TreeRow], t_ring_s: float, hop_rates_bytes_s: list[float]) ->
 
 
 async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], codecs: list[str], log) -> TreeSweep:
-    from testbed.launcher import run_scenario
-    from testbed.tree_summary import hop_rates_bytes_s
+    from testbed.run.launcher import run_scenario
+    from testbed.run.modes.tree import hop_rates_bytes_s
 
     common = list(args.overrides) + ["decode.mode=tree", f"decode.tokens={args.tokens or TOKENS}",
                                    f"decode.tree_k={args.tree_k}"]

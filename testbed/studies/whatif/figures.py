@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.studies.whatif.measure import WhatifResult
-from testbed.validate import check_number, record_from
+from testbed.scenario.validate import check_number, record_from
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from agents import wire
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import JsonRecord
 from testbed.core.roofline import Roofline

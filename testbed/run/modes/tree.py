@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.core.summary import TreeSummary

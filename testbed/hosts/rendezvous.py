@@ -62,9 +62,9 @@ def torchrun_store():
     """(store, rank, world size) of the torchrun group this process runs in (torch.distributed's env://)."""
     missing = [key for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if key not in os.environ]
     if missing:
-        raise TestbedError(f"testbed.node runs under torchrun (it reads {', '.join(missing)} from the environment): "
+        raise TestbedError(f"testbed.hosts.node runs under torchrun (it reads {', '.join(missing)} from the environment): "
                            "torchrun --nnodes=N --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
-                           "-m testbed.node SCENARIO")
+                           "-m testbed.hosts.node SCENARIO")
     import torch.distributed as dist
 
     store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=60)))

@@ -18,7 +18,7 @@ from typing import Any
 
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
-from testbed.validate import check_keys, number
+from testbed.scenario.validate import check_keys, number
 
 SETTABLE = ("delay_ms", "jitter_ms", "loss_pct", "rate_mbit")
 MAX_EVENTS = 100_000

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from testbed.core import physics
-from testbed.runlog import RunLog, StreamsWindow
+from testbed.run.runlog import RunLog, StreamsWindow
 
 
 def wall_tok_s(log: RunLog) -> float | None:
@@ -38,8 +38,8 @@ def predicted_tok_s(log: RunLog) -> float | None:
 
 def streams_rates(log: RunLog, window: StreamsWindow) -> tuple[float, float, list[float]]:
     """(per-stream tok/s, aggregate tok/s, each stage's utilization) of physics.streams_rates for the run's M and
-    batching, with the window's measured cost of a forward pass (testbed.streams_summary.predicted_rates)."""
-    from testbed.streams_summary import predicted_rates
+    batching, with the window's measured cost of a forward pass (testbed.run.modes.streams.predicted_rates)."""
+    from testbed.run.modes.streams import predicted_rates
 
     per, aggregate, busy, _ceiling = predicted_rates(log.scenario, list(window.stage_pass_s))
     return per, aggregate, busy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.core.summary import TpSummary

@@ -1,4 +1,4 @@
-"""[placement], [tp] and [spec] of a scenario: where the head, the KV, the layers and the draft go (testbed.config)."""
+"""[placement], [tp] and [spec] of a scenario: where the head, the KV, the layers and the draft go (testbed.scenario.config)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENT
                                  PlacementConfig, SpecConfig, TPConfig)
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
-from testbed.regions import RegionMatrix
-from testbed.validate import check_keys as _check_keys
-from testbed.validate import number as _number
-from testbed.validate import string as _string
+from testbed.scenario.regions import RegionMatrix
+from testbed.scenario.stages import StageConfig
+from testbed.scenario.validate import check_keys as _check_keys
+from testbed.scenario.validate import number as _number
+from testbed.scenario.validate import string as _string
 
 _PLACEMENT_KEYS = {f.name for f in fields(PlacementConfig)}
 _SPEC_KEYS = {f.name for f in fields(SpecConfig)}

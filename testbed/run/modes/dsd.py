@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents import wire
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord, mbit_to_bytes_s
 from testbed.core.summary import DsdSummary

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import LapRecord
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord

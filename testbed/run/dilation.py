@@ -19,7 +19,7 @@ import dataclasses
 import math
 from typing import Awaitable, Callable
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agents.configs import vocabulary
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.core.summary import StreamsSummary

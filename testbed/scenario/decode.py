@@ -1,4 +1,4 @@
-"""[decode] of a scenario: every key of DecodeConfig checked by its rule (testbed.config builds the rest)."""
+"""[decode] of a scenario: every key of DecodeConfig checked by its rule (testbed.scenario.config builds the rest)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, MODES, TREE_POLICIES, DecodeConfig
 from testbed.core.errors import ConfigError
-from testbed.validate import number as _number
-from testbed.validate import string as _string
+from testbed.scenario.validate import number as _number
+from testbed.scenario.validate import string as _string
 
 MAX_TOKENS = 100_000
 MAX_PROMPT = 131_072  # an emulated prompt (testbed.deploy.rules); without a [geometry], the model's window bounds it
@@ -27,7 +27,7 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "seed": ("int", (0, None), False),
     "k": ("k", (1, K_MAX_BOUND), False),
     "k_max": ("int", (1, K_MAX_BOUND), False),
-    "draft": ("model", DRAFT_KINDS, False),  # or a checkpoint "hf:PATH" (testbed.model_rules)
+    "draft": ("model", DRAFT_KINDS, False),  # or a checkpoint "hf:PATH" (testbed.scenario.model)
     "alpha": ("number", (0.0, 1.0), False),
     "draft_ms": ("number", (0.0, 60_000.0), True),
     "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
@@ -48,7 +48,7 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
         default = f.default
         key = f"decode.{f.name}"
         if kind == "model":
-            from testbed.model_rules import draft_rule
+            from testbed.scenario.model import draft_rule
 
             value = draft_rule(dec, source)
         elif kind == "choice":

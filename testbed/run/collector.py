@@ -17,9 +17,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from testbed import predict
+from testbed.run import predict
 from testbed.core.decode import MODES
-from testbed.runlog import SPEC_MAX_POSITIONS, STREAMS_MODE, RunLog, RunningHistogram
+from testbed.run.runlog import SPEC_MAX_POSITIONS, STREAMS_MODE, RunLog, RunningHistogram
+from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}
 
@@ -50,7 +51,15 @@ class RunCollector:
         if not logs:
             return
         current = logs[-1]
-        sc = current.scenario
+        yield from self._laps(logs, current)
+        yield from self._compute(logs, current.scenario)
+        yield from self._hops(logs, current)
+        yield from self._rates(current)
+        yield from self._speculation(logs, current)
+        yield from self._streams(logs, current)
+
+    def _laps(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
+        """Laps, tokens and lap time per mode kind, and the current phase's dilation."""
         kinds = sorted({info.metric_kind for info in MODES.values()})
 
         laps = CounterMetricFamily("testbed_laps", "Decode laps completed", labels=["kind"])
@@ -70,6 +79,7 @@ class RunCollector:
                                 "this many times slower than the scenario", value=current.dilation.factor
                                 if current.dilation is not None else 1.0)
 
+    def _compute(self, logs: Sequence[RunLog], sc: Scenario) -> Iterator[Metric]:
         compute = HistogramMetricFamily(
             "testbed_stage_compute_seconds",
             "Per-lap compute of a stage: kind=real is the forward pass, kind=total includes emulated padding",
@@ -81,6 +91,8 @@ class RunCollector:
                 compute.add_metric([stage.name, kind], buckets, total)
         yield compute
 
+    def _hops(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
+        """Per hop: latency histogram, bytes, configured latency, and the exact recent percentiles."""
         hop_latency = HistogramMetricFamily(
             "testbed_hop_latency_seconds", "Measured one-way latency of a hop (send stamp to receive stamp)",
             labels=["hop"])
@@ -93,7 +105,7 @@ class RunCollector:
                                     f"recent decode laps (plot and alert on this, not on histogram_quantile)",
                                     labels=["hop"])
             for name, q in QUANTILES.items()}
-        for i, link in enumerate(sc.ring):
+        for i, link in enumerate(current.scenario.ring):
             buckets, total = _merge([log.hops[i].latency for log in logs])
             hop_latency.add_metric([link.name], buckets, total)
             hop_bytes.add_metric([link.name], sum(log.hops[i].bytes_total for log in logs))
@@ -105,6 +117,8 @@ class RunCollector:
                     quantile_gauges[name].add_metric([link.name], float(value))
         yield from (hop_latency, hop_bytes, configured, *quantile_gauges.values())
 
+    def _rates(self, current: RunLog) -> Iterator[Metric]:
+        """The wall's figures: measured and predicted rate, T_ring, C."""
         rate = GaugeMetricFamily("testbed_decode_rate_tokens_per_second",
                                  "Decode rate: kind=measured (tokens / wall time) or kind=predicted (the closed form)",
                                  labels=["kind"])
@@ -113,7 +127,7 @@ class RunCollector:
         mean_compute = GaugeMetricFamily("testbed_compute_seconds",
                                          "C: mean per-lap compute summed over stages (kind=real or total)",
                                          labels=["kind"])
-        ring.add_metric(["configured"], sc.t_ring_s)
+        ring.add_metric(["configured"], current.scenario.t_ring_s)
         for gauge, kind, value in ((rate, "measured", current.measured_tok_s),
                                    (rate, "predicted", predict.predicted_tok_s(current)),
                                    (ring, "measured", current.mean_ring_s),
@@ -122,8 +136,6 @@ class RunCollector:
             if value is not None:
                 gauge.add_metric([kind], value)
         yield from (rate, ring, mean_compute)
-        yield from self._speculation(logs, current)
-        yield from self._streams(logs, current)
 
     def _speculation(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
         """Speculation counters with vLLM's names (spec_decode_num_drafts, ...), and its gauges."""

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TYPE_CHECKING
 
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.decode import MODES
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
-from testbed.core.records import LapRecord
+from testbed.core.records import BYTES_PER_MBIT, LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
-from testbed.trace import TraceWriter
-from testbed.trace import current as current_trace
+from testbed.run.trace import TraceWriter
+from testbed.run.trace import current as current_trace
 
 if TYPE_CHECKING:
     from netem.base import ScheduleChange
@@ -152,7 +152,7 @@ class RunLog:
     def __init__(self, scenario: Scenario, *, metrics_url: str | None = None, lap_log: Path | None = None,
                  window_laps: int = LAP_WINDOW, trace: TraceWriter | None = None) -> None:
         """lap_log: a file every lap is appended to as one JSON line (LapRecord.to_json) as it arrives. trace:
-        a timeline every lap is added to (testbed.trace; default: that of the `tracing` block this is made in)."""
+        a timeline every lap is added to (testbed.run.trace; default: that of the `tracing` block this is made in)."""
         self.scenario = scenario
         self.trace = trace if trace is not None else current_trace()
         self.metrics_url = metrics_url
@@ -198,7 +198,11 @@ class RunLog:
         self.decode_real_s = 0.0
         self.decode_ring_s = 0.0
         self.decode_hop_bytes = [0] * len(sc.ring)  # bytes each hop carried for the decode laps
-        self.hop_rates_bytes_s = [link.rate_mbit * 1e6 / 8 for link in sc.ring]  # 0: unlimited
+        self.hop_rates_bytes_s = [link.rate_mbit * BYTES_PER_MBIT for link in sc.ring]  # 0: unlimited
+        self._init_mode_aggregates(sc, compute_buckets)
+
+    def _init_mode_aggregates(self, sc: Scenario, compute_buckets: tuple[float, ...]) -> None:
+        """The speculative rounds' and the streams mode's running aggregates."""
         self.spec_rounds = 0
         self.spec_draft_tokens = 0
         self.spec_accepted_tokens = 0
@@ -284,29 +288,37 @@ class RunLog:
         for i, size in enumerate(hop_bytes[:len(self.decode_hop_bytes)]):
             self.decode_hop_bytes[i] += size
         if record.kind == "spec":
-            k, accepted = record.extra["k"], record.extra["accepted"]
-            self.spec_rounds += 1
-            self.spec_draft_tokens += k
-            self.spec_accepted_tokens += accepted
-            self.spec_tokens += record.tokens
-            self.spec_overlap_sum += record.extra["overlap_sum"]
-            for position in range(min(accepted, SPEC_MAX_POSITIONS)):
-                self.spec_accepted_per_position[position] += 1
-            self.spec_draft_seconds.observe(record.extra["draft_s"])
-            self.spec_last_k = k
-            self.spec_draft_s_sum += record.extra["draft_s"]
-            self.spec_compute_s_sum += sum(compute)
-            self.spec_k_counts[k] += 1
+            self._add_spec(record, compute)
         if record.mode == STREAMS_MODE:
-            self.streams_recent.append(record)
-            if record.duration_s > 0:
-                self.stream_rate.observe(record.tokens / record.duration_s)
-            for histogram, wait_s in zip(self.stage_queue, record.stage_queue_s()):
-                histogram.observe(wait_s)
+            self._add_streams_lap(record)
         self._recent.append(record)
         recent_s = sum(lap.duration_s for lap in self._recent)
         if recent_s > 0:  # laps of zero length (compute_ms = 0 on zero-delay links, simulated) have no rate
             self.history.append((time.monotonic() - self.started_at, sum(lap.tokens for lap in self._recent) / recent_s))
+
+    def _add_spec(self, record: LapRecord, compute: list[float]) -> None:
+        """One speculation round into the speculative aggregates."""
+        k, accepted = record.extra["k"], record.extra["accepted"]
+        self.spec_rounds += 1
+        self.spec_draft_tokens += k
+        self.spec_accepted_tokens += accepted
+        self.spec_tokens += record.tokens
+        self.spec_overlap_sum += record.extra["overlap_sum"]
+        for position in range(min(accepted, SPEC_MAX_POSITIONS)):
+            self.spec_accepted_per_position[position] += 1
+        self.spec_draft_seconds.observe(record.extra["draft_s"])
+        self.spec_last_k = k
+        self.spec_draft_s_sum += record.extra["draft_s"]
+        self.spec_compute_s_sum += sum(compute)
+        self.spec_k_counts[k] += 1
+
+    def _add_streams_lap(self, record: LapRecord) -> None:
+        """One decode lap of the streams mode into its window, rate and queueing aggregates."""
+        self.streams_recent.append(record)
+        if record.duration_s > 0:
+            self.stream_rate.observe(record.tokens / record.duration_s)
+        for histogram, wait_s in zip(self.stage_queue, record.stage_queue_s()):
+            histogram.observe(wait_s)
 
     def _first_prompt_done(self) -> bool:
         last = self.first_prompt[-1].extra if self.first_prompt else None

@@ -18,16 +18,16 @@ from agents.spec import AgentSpec
 from agents.forkserver.client import ForkServer
 from netem.base import Shaper
 from testbed.core.process import stop_process
-from testbed.config import Scenario, split_layers
+from testbed.scenario.config import Scenario
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
-from testbed.dilation import box_scenario
-from testbed.dilation import resolve as resolve_dilation
-from testbed.runlog import RunLog
-from testbed.summarize import self_check, summarize
+from testbed.run.dilation import box_scenario
+from testbed.run.dilation import resolve as resolve_dilation
+from testbed.run.runlog import RunLog
+from testbed.run.summarize import self_check, summarize
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
 READY_TIMEOUT_S = 60.0
@@ -92,7 +92,7 @@ class Launcher:
 
     def agent_specs(self, n_layers: int) -> list[AgentSpec]:
         sc = self.physical
-        ranges = split_layers(n_layers, sc.stages, sc.source)
+        ranges = sc.layer_ranges(n_layers)
         mode = MODES[sc.decode.mode]
         tree_slots = sc.decode.tree_n + 1 if mode.tree_slots else 0
         stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
@@ -318,7 +318,7 @@ class Launcher:
         self.runlog.phase = sc.decode.mode
         for handle in reversed(self.agents):  # the entry last: everyone else is serving when it starts
             await self._command(handle, {"cmd": "run"})
-        self.runlog.schedule_origin = self.clock.now()  # the link schedule counts from here (testbed.schedule)
+        self.runlog.schedule_origin = self.clock.now()  # the link schedule counts from here (testbed.scenario.schedule)
         self.runlog.schedule_changes = self.shaper.schedule_changes  # filled as the changes land
         await self.shaper.start_schedule(self.runlog.schedule_origin, nursery)
         while True:
@@ -360,7 +360,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
                   calibrations: dict | None = None) -> tuple[Shaper, DilationSummary | None]:
     """The shaper for `scenario`'s links as the box runs them, and the time dilation (None: not dilated).
 
-    dilation: a factor >= 1 or "auto" (testbed.dilation); auto and compensate run a short calibration
+    dilation: a factor >= 1 or "auto" (testbed.run.dilation); auto and compensate run a short calibration
     first, kept in `calibrations` (pass one dict to phases of one ring so that they calibrate once).
     """
     from netem.base import ShaperOptions

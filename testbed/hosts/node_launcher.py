@@ -1,4 +1,4 @@
-"""The launcher of one node of a several-host run (testbed.node): its own agent; the rest through the store."""
+"""The launcher of one node of a several-host run (testbed.hosts.node): its own agent; the rest through the store."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from dataclasses import replace
 import trio
 
 from netem.base import Shaper
-from testbed.clocksync import (RESYNC_S, ClockProbe, OffsetTrack, clock_violations, hop_bounds_s, serve_clock,
+from testbed.hosts.clocksync import (RESYNC_S, ClockProbe, OffsetTrack, clock_violations, hop_bounds_s, serve_clock,
                                to_entry_clock)
-from testbed.config import Scenario
+from testbed.scenario.config import Scenario
 from testbed.core.errors import AgentFailed, LinkBroken, PeerTimeout, TestbedError, leaf_errors
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
-from testbed.launcher import STARTUP_TIMEOUT_S, READY_TIMEOUT_S, Launcher
-from testbed.rendezvous import HEARTBEAT_S, Heartbeats, NodeInfo, NodeStore, StoreLost
-from testbed.runlog import RunLog
-from testbed.summarize import summarize
+from testbed.run.launcher import STARTUP_TIMEOUT_S, READY_TIMEOUT_S, Launcher
+from testbed.hosts.rendezvous import HEARTBEAT_S, Heartbeats, NodeInfo, NodeStore, StoreLost
+from testbed.run.runlog import RunLog
+from testbed.run.summarize import summarize
 
 HOP_SAMPLES = 4096  # the last decode laps' hops the entry keeps for the hop table
 HEARTBEAT_TIMEOUT_S = 2.0  # a node whose counter has not moved for this long is gone

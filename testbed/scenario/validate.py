@@ -1,4 +1,4 @@
-"""Checks of raw values, TOML tables (testbed.config) and JSON results (the report): each error names the source,
+"""Checks of raw values, TOML tables (testbed.scenario.config) and JSON results (the report): each error names the source,
 the key and what was expected."""
 
 from __future__ import annotations

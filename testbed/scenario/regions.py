@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.core.errors import ConfigError
-from testbed.validate import check_keys, number, string
+from testbed.scenario.validate import check_keys, number, string
 
 REGION_KEYS = {"names", "one_way_ms", "source"}
 

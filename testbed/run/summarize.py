@@ -11,10 +11,10 @@ from agents.configs import vocabulary
 from testbed.core import physics
 from testbed.core.decode import MODES, resolve
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
-from testbed import predict
-from testbed.config import Scenario
+from testbed.run import predict
+from testbed.scenario.config import Scenario
 from testbed.core.records import LapRecord
-from testbed.runlog import DECODE_KINDS, RunLog
+from testbed.run.runlog import DECODE_KINDS, RunLog
 
 SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
 
@@ -62,7 +62,7 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
 # Mode summaries of a run longer than the run log's window. A mode with a running summarizer is summarized from
 # LapTotals over every lap; the others from the window's laps (means and rates of the recent laps), with these
 # fields (RunSummary part's field -> lap kind) counted over the whole run.
-RUNNING_SUMMARIZERS = {"speculative": "testbed.spec_summary:summarize_spec_totals"}
+RUNNING_SUMMARIZERS = {"speculative": "testbed.run.modes.speculative:summarize_spec_totals"}
 WINDOW_COUNTS = {"tree": {"rounds": "tree"}, "dsd": {"rounds": "spec"}, "tp": {"tokens": "decode"}}
 
 
