@@ -340,6 +340,17 @@ def render_line(summary: RunSummary | None) -> str:
     return " ".join(parts)
 
 
+def capped_caption(summaries: Sequence[RunSummary]) -> str | None:
+    """Where the run-time budget capped auto's D: the error the calibrated overhead leaves, beside the measured."""
+    capped = [s for s in summaries if s.dilation is not None and s.dilation.capped
+              and s.dilation.expected_error_pct is not None]
+    if not capped:
+        return None
+    return "; ".join(f"{s.mode}: D = {s.dilation.factor:g} capped (wanted {s.dilation.needed:.1f}; run-time budget "
+                     f"{s.dilation.budget_s:g} s, --budget-s), so the calibrated overhead leaves an expected error of "
+                     f"{s.dilation.expected_error_pct:+.2f}%" for s in capped)
+
+
 def render_summary(summaries: Sequence[RunSummary]) -> RenderableType:
     """Measured vs predicted, one row per run summary (e.g. the plain and the speculative phase).
 
@@ -353,8 +364,9 @@ def render_summary(summaries: Sequence[RunSummary]) -> RenderableType:
     factors = sorted({s.dilation.factor for s in summaries if s.dilation is not None})
     if factors:
         title += f", time dilation x{'/'.join(f'{d:g}' for d in factors)} (figures in scenario time)"
-    table = Table(title=title, title_justify="left", title_style="bold", header_style="bold",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table = Table(title=title, title_justify="left", title_style="bold", header_style="bold", caption=capped_caption(
+                  summaries), caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
     table.add_column("phase", no_wrap=True)
     table.add_column("scenario", no_wrap=True, overflow="ellipsis", max_width=24)
     for name in ("T_ring\nms", "C\nms", "laps", "tok/s\nmeas", "tok/s\npred", "error\n%"):

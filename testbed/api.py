@@ -23,15 +23,17 @@ from rich.console import Console
 
 from testbed.scenario.config import Scenario
 from testbed.core.summary import RunSummary
+from testbed.run.dilation import BUDGET_S
 from testbed.studies.base import ensure_models, make_scenario as scenario
 from testbed.studies.sweep.measure import sweep_scenario
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
         overrides: list[str] | None = None, log: Callable[[str], None] | None = None, dilation: float | str = "auto",
-        compensate: bool = False, trace: str | Path | None = None, **keys: Any) -> RunSummary:
-    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.run.dilation; trace:
-    write its laps there as a Chrome trace-event timeline, testbed.run.trace)."""
+        compensate: bool = False, trace: str | Path | None = None, budget_s: float = BUDGET_S, **keys: Any
+        ) -> RunSummary:
+    """Run one scenario to completion (blocking) and return its summary (dilation: see testbed.run.dilation, budget_s
+    its auto's run-time budget; trace: write its laps there as a Chrome trace-event timeline, testbed.run.trace)."""
     from testbed.run.launcher import run_scenario
     from testbed.run.trace import tracing
 
@@ -39,7 +41,7 @@ def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | Non
     ensure_models()
     with tracing(trace):
         return trio.run(lambda: run_scenario(sc, shaper, log=log or (lambda message: None), dilation=dilation,
-                                             compensate=compensate))
+                                             compensate=compensate, budget_s=budget_s))
 
 
 def sweep(name_or_path: str, ks: list[int], *, alpha: float | None = None, rounds: int = 30, shaper: str = "auto",

@@ -64,7 +64,7 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
                 continue
             shaper, dilation = await prepare(scenario, shaper_kind, dilation=options.dilation,
                                              compensate=options.compensate, log=log, echo_agent_stderr=verbose,
-                                             calibrations=calibrations)
+                                             calibrations=calibrations, budget_s=options.budget_s)
             _print_phase(console, i, len(scenarios), scenario, shaper, dilation, verbose)
             if i > 0:
                 logs[-1].close()
@@ -106,8 +106,11 @@ def _serve_metrics(collector, metrics_port: int, console: Console) -> str:
 
 def _print_phase(console: Console, i: int, n: int, scenario: Scenario, shaper, dilation, verbose: bool) -> None:
     """A phase's first line: its mode, the shaper (its reason said once, in the first phase) and the dilation."""
+    capped = (f"; capped, the overhead left is {dilation.expected_error_pct:+.2f}% of the rate"
+              if dilation and dilation.factor != 1 and dilation.capped and dilation.expected_error_pct is not None
+              else "")
     dilated = (f" Dilation: [bold]x{dilation.factor:g}[/bold] ("
-               f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason})." if dilation else "")
+               f"{'figures in scenario time' if dilation.factor != 1 else dilation.reason}{capped})." if dilation else "")
     why = f" ({escape(shaper.reason)})" if i == 0 else ""
     console.print(f"Phase {i + 1}/{n}: [bold]{scenario.decode.mode}[/bold] decode. "
                   f"Shaper: [bold]{shaper.name}[/bold]{why}.{dilated}")

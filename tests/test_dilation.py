@@ -8,6 +8,7 @@ scenario's own figures (the wall, every hop's delay) stay where they were.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import trio
@@ -17,7 +18,7 @@ from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
 from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
-                              calibration_scenario, choose, parse_dilation, resolve)
+                              calibration_from, calibration_scenario, choose, parse_budget, parse_dilation, resolve)
 from testbed.run.runlog import RunLog
 from testbed.run.summarize import summarize
 from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
@@ -118,6 +119,33 @@ def test_auto_stays_within_the_run_time_budget():
     assert chosen.cap == int(BUDGET_S / (sc.decode.tokens * lap_s)) == 2
     assert chosen.factor == 2 < chosen.needed
     assert "budget" in chosen.reason
+    # capped, the run says what the overhead it could not divide away leaves: -(O / D) / (lap + O / D)
+    assert chosen.capped and chosen.budget_s == BUDGET_S and chosen.lap_ms == pytest.approx(lap_s * 1e3)
+    assert chosen.expected_error_pct == pytest.approx(-100 * 3.0 / (lap_s * 1e3 + 3.0))
+    assert f"{chosen.expected_error_pct:+.2f}% of the rate" in chosen.reason
+    # a budget twice as long: the cap is what fits in it; one large enough leaves auto its own choice, uncapped
+    assert choose(sc, Calibration((1.0,) * 3, 6.0, 0.033), budget_s=2 * BUDGET_S).cap == int(
+        2 * BUDGET_S / (sc.decode.tokens * lap_s)) == 5
+    free = choose(sc, Calibration((1.0,) * 3, 6.0, 0.033), budget_s=1e4)
+    assert not free.capped and free.factor == math.ceil(free.needed)
+    assert free.expected_error_pct > -100 * TARGET_OVERHEAD
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "soon", "1e9"])
+def test_parse_budget_names_the_flag(text):
+    with pytest.raises(ConfigError, match=r"--budget-s.*seconds in \(0, 86400\]"):
+        parse_budget(text)
+
+
+def test_the_summary_table_says_when_the_budget_capped_d():
+    from dashboards.render import capped_caption
+
+    sc = load_scenario("geo-ring")
+    chosen = choose(sc, Calibration(base_ms=(1.0,) * 3, overhead_ms=6.0, compute_s=0.033))
+    summary = summarize(RunLog(sc))
+    assert capped_caption([summary]) is None
+    caption = capped_caption([dataclasses.replace(summary, dilation=chosen)])
+    assert "D = 2 capped" in caption and f"{chosen.expected_error_pct:+.2f}%" in caption and "--budget-s" in caption
 
 
 def canned_calibration(scenario, base_ms: float, residual_ms: float):
@@ -255,3 +283,27 @@ def test_the_cli_rejects_a_bad_dilation_naming_the_option(bad, capsys):
         cli.main(["run", "geo-ring", "--dilation", bad])
     assert exit_info.value.code == 2
     assert f"argument --dilation: expected a number in [1, 64] or auto, got '{bad}'" in capsys.readouterr().err
+
+
+def test_run_and_every_study_take_a_budget_and_refuse_a_bad_one(capsys):
+    from testbed import cli
+
+    for command in ("run", "plan", "regimes", "tp"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([command, "geo-ring", "--budget-s", "0"])
+        assert exc.value.code == 2
+        assert "--budget-s: expected seconds in (0, 86400], got '0'" in capsys.readouterr().err
+
+
+def test_a_rated_links_serialization_is_physics_not_overhead():
+    """At zero delay a rated link still takes bytes / rate a frame: calibration counts it as the lap's physics
+    (the prediction has it), not as overhead for D to divide, nor as base latency to compensate."""
+    sc = fake_scenario("plain")
+    rated = dataclasses.replace(sc, links=tuple(dataclasses.replace(link, rate_mbit=1.0) for link in sc.links))
+    serialization_ms = 560 / (1e6 / 8) * 1e3  # the fake laps' 560-byte frames at 1 Mbit/s: 4.48 ms a hop
+    calibration = calibration_from(canned_calibration(rated, base_ms=0.5 + serialization_ms, residual_ms=0.4), rated)
+    assert calibration.base_ms == pytest.approx((0.5, 0.5, 0.5))
+    assert calibration.overhead_ms == pytest.approx(3 * 0.5 + 0.4)
+    assert calibration.serialization_s == pytest.approx(3 * serialization_ms / 1e3)
+    chosen = choose(rated, calibration, budget_s=1e9)
+    assert chosen.lap_ms == pytest.approx((calibration.compute_s + rated.t_ring_s) * 1e3 + 3 * serialization_ms)

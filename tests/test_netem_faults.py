@@ -17,7 +17,8 @@ pytestmark = pytest.mark.netem
 
 
 def test_netem_loss_costs_the_kernels_recovery_not_the_relays_rto():
-    args = argparse.Namespace(scenario="geo-ring", overrides=["scale=0.1"], tokens=40, shaper="netem", dilation=1.0)
+    args = argparse.Namespace(scenario="geo-ring", overrides=["scale=0.1"], tokens=40, shaper="netem", dilation=1.0,
+                              budget_s=40.0)
 
     async def main():
         with trio.fail_after(240):

@@ -69,6 +69,22 @@ class DilationSummary(JsonRecord):
     base_ms: tuple[float, ...] = ()  # calibrated one-way latency of each link at zero configured delay
     applied_ms: tuple[float, ...] = ()  # the delay each link got on the box (dilated, compensated)
     reason: str = ""
+    lap_ms: float | None = None  # auto: the lap (C + T_ring) the overhead was weighed against
+    budget_s: float | None = None  # auto: the run-time budget of the dilated decode (--budget-s)
+
+    @property
+    def capped(self) -> bool:
+        """Auto wanted a larger D than the budget (or DILATION_MAX) allowed."""
+        return self.needed is not None and self.needed > self.factor
+
+    @property
+    def expected_error_pct(self) -> float | None:
+        """What the calibrated overhead left after dividing by D does to the measured rate, % (negative: slower):
+        -(O / D) / (lap + O / D). Not folded into any prediction: shown beside the measured error."""
+        if self.overhead_ms is None or not self.lap_ms:
+            return None
+        left = self.overhead_ms / self.factor
+        return -100.0 * left / (self.lap_ms + left)
 
 
 @dataclass(frozen=True)

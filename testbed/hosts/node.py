@@ -31,6 +31,7 @@ from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
 from testbed.hosts.node_launcher import NodeLauncher
 from testbed.hosts.rendezvous import NodeStore, torchrun_store
+from testbed.run.dilation import BUDGET_S
 from testbed.run.runlog import RunLog
 
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         summaries = trio.run(until_sigterm, lambda: _run_live(
             [scenario], "none", args.metrics_port, console, not args.no_dashboard, args.verbose,
-            argparse.Namespace(dilation=1.0, compensate=False), launch))
+            argparse.Namespace(dilation=1.0, compensate=False, budget_s=BUDGET_S), launch))
         print_summary(console, summaries)
         for line in node_table(summaries[0]):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

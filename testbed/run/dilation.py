@@ -26,7 +26,8 @@ from testbed.core.summary import DilationSummary, RunSummary
 
 TARGET_OVERHEAD = 0.003  # the overhead auto aims at, as a fraction of the lap
 DILATION_MAX = 64.0
-BUDGET_S = 40.0  # auto keeps the dilated decode of a run (tokens x lap x D) within this many seconds
+BUDGET_S = 40.0  # auto keeps the dilated decode of a run (tokens x lap x D) within this many seconds (--budget-s)
+MAX_BUDGET_S = 86_400.0
 CALIBRATION_TOKENS = 12
 
 
@@ -41,6 +42,17 @@ def parse_dilation(value: str | float) -> float | str:
     if not (1.0 <= factor <= DILATION_MAX):
         raise ConfigError(f"expected a number in [1, {DILATION_MAX:g}] or auto, got {value!r}", key="--dilation")
     return factor
+
+
+def parse_budget(value: str | float) -> float:
+    """--budget-s: seconds > 0 of dilated decode that auto may spend."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (0 < seconds <= MAX_BUDGET_S):
+        raise ConfigError(f"expected seconds in (0, {MAX_BUDGET_S:g}], got {value!r}", key="--budget-s")
+    return seconds
 
 
 def calibration_scenario(scenario: Scenario) -> Scenario:
@@ -59,16 +71,26 @@ class Calibration:
     base_ms: tuple[float, ...]  # per link (ring hops measured; other links 0)
     overhead_ms: float  # per lap: duration - compute at zero delay
     compute_s: float  # mean C per lap
+    serialization_s: float = 0.0  # per lap: every hop's frame at its rate (the rates are the run's)
 
 
 def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
-    """What the calibration run measured: per-hop base latency (p50) and the per-lap overhead."""
+    """What the calibration run measured: per-hop base latency (p50) and the per-lap overhead, each less the
+    physics it holds at zero delay: compute, and on a rated link the frame's serialization (bytes / rate)."""
     if not summary.laps or summary.measured_tok_s is None or summary.compute_s is None:
         raise ConfigError("the calibration run produced no decode laps", key="--dilation")
-    ring = [h.measured_ms_p50 or 0.0 for h in summary.per_hop]
+    ring = [(h.measured_ms_p50 or 0.0) - serialization_ms(h.bytes_per_lap, link)
+            for h, link in zip(summary.per_hop, scenario.links)]
     base = tuple(max(0.0, ring[i]) if i < len(ring) else 0.0 for i in range(len(scenario.links)))
     lap_s = 1.0 / summary.measured_tok_s  # plain decode: one token per lap
-    return Calibration(base, max(0.0, (lap_s - summary.compute_s) * 1e3), summary.compute_s)
+    physics_s = summary.compute_s + (summary.serialization_s or 0.0)
+    return Calibration(base, max(0.0, (lap_s - physics_s) * 1e3), summary.compute_s, summary.serialization_s or 0.0)
+
+
+def serialization_ms(frame_bytes: float | None, link) -> float:
+    """A frame's time on a rated link, ms (0 where the link is unlimited)."""
+    rate = link.rate_bytes_s
+    return (frame_bytes or 0.0) / rate * 1e3 if math.isfinite(rate) else 0.0
 
 
 def planned_laps(scenario: Scenario) -> int:
@@ -79,7 +101,8 @@ def planned_laps(scenario: Scenario) -> int:
 
 
 def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S) -> float:
-    """The largest whole D (<= DILATION_MAX) whose dilated decode fits in budget_s."""
+    """The largest whole D (<= DILATION_MAX) whose dilated decode fits in budget_s (compute_s: a lap's time
+    beyond T_ring)."""
     lap_s = compute_s + scenario.t_ring_s
     if lap_s <= 0:
         return DILATION_MAX
@@ -89,18 +112,22 @@ def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S)
 def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = False,
            target: float = TARGET_OVERHEAD, budget_s: float = BUDGET_S) -> DilationSummary:
     """The smallest whole D with (overhead / D) <= target x lap, within DILATION_MAX and the budget."""
-    lap_s = calibration.compute_s + scenario.t_ring_s
+    lap_s = calibration.compute_s + calibration.serialization_s + scenario.t_ring_s
     overhead_ms = calibration.overhead_ms
     if compensate:  # the compensated part of each hop is taken out of the delay; what is left is the residual
         overhead_ms = max(0.0, overhead_ms - sum(calibration.base_ms[: len(scenario.ring)]))
     needed = overhead_ms / 1e3 / (target * lap_s) if lap_s > 0 else DILATION_MAX
-    cap = budget_cap(scenario, calibration.compute_s, budget_s)
+    cap = budget_cap(scenario, calibration.compute_s + calibration.serialization_s, budget_s)
     factor = float(min(cap, max(1, math.ceil(needed))))
     why = (f"overhead {overhead_ms:.2f} ms per lap of {lap_s * 1e3:.1f} ms needs D >= {needed:.1f} for "
            f"{target * 100:g}%; cap {cap:g} (max {DILATION_MAX:g}, {budget_s:g} s budget for {planned_laps(scenario)} "
            f"laps)")
-    return summary_for(scenario, factor, "auto", calibration if compensate else None, needed=needed, cap=cap,
-                       target=target, overhead_ms=calibration.overhead_ms, reason=why)
+    chosen = summary_for(scenario, factor, "auto", calibration if compensate else None, needed=needed, cap=cap,
+                         target=target, overhead_ms=overhead_ms, reason=why, lap_ms=lap_s * 1e3, budget_s=budget_s)
+    if chosen.capped and chosen.expected_error_pct is not None:
+        chosen = dataclasses.replace(chosen, reason=f"{why}: the overhead left at D = {factor:g} is "
+                                                    f"{chosen.expected_error_pct:+.2f}% of the rate")
+    return chosen
 
 
 def box_scenario(scenario: Scenario, dilation: DilationSummary | None) -> Scenario:
@@ -122,12 +149,13 @@ def summary_for(scenario: Scenario, factor: float, requested: str, calibration: 
 
 async def resolve(scenario: Scenario, requested: float | str, *, compensate: bool,
                   run: Callable[[Scenario], Awaitable[RunSummary]], log: Callable[[str], None],
-                  cache: dict | None = None) -> DilationSummary:
+                  cache: dict | None = None, budget_s: float = BUDGET_S) -> DilationSummary:
     """The dilation to run `scenario` at; `run(scenario)` runs the calibration when one is needed (and it
-    is not in `cache` already: the same stages and links calibrate once)."""
+    is not in `cache` already: the same stages and links calibrate once). budget_s: auto's run-time budget."""
     requested = parse_dilation(requested)
-    if requested == "auto" and not compensate and budget_cap(scenario, scenario.emulated_compute_s) <= 1:
-        return summary_for(scenario, 1.0, "auto", reason=f"the run already takes the {BUDGET_S:g} s budget at D = 1")
+    budget_s = parse_budget(budget_s)
+    if requested == "auto" and not compensate and budget_cap(scenario, scenario.emulated_compute_s, budget_s) <= 1:
+        return summary_for(scenario, 1.0, "auto", reason=f"the run already takes the {budget_s:g} s budget at D = 1")
     if requested == "auto" or compensate:
         probe = calibration_scenario(scenario)
         calibration = cache.get(probe) if cache is not None else None
@@ -137,7 +165,7 @@ async def resolve(scenario: Scenario, requested: float | str, *, compensate: boo
             if cache is not None:
                 cache[probe] = calibration
         if requested == "auto":
-            chosen = choose(scenario, calibration, compensate=compensate)
+            chosen = choose(scenario, calibration, compensate=compensate, budget_s=budget_s)
         else:
             chosen = summary_for(scenario, float(requested), f"{requested:g}", calibration,
                                  overhead_ms=calibration.overhead_ms, reason="as requested")

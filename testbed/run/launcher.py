@@ -24,8 +24,7 @@ from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
-from testbed.run.dilation import box_scenario
-from testbed.run.dilation import resolve as resolve_dilation
+from testbed.run.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
 from testbed.run.runlog import RunLog
 from testbed.run.summarize import self_check, summarize
 
@@ -357,7 +356,8 @@ def new_run_id() -> str:
 
 async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: float | str = 1.0,
                   compensate: bool = False, log: Callable[[str], None], echo_agent_stderr: bool = False,
-                  calibrations: dict | None = None) -> tuple[Shaper, DilationSummary | None]:
+                  calibrations: dict | None = None, budget_s: float = BUDGET_S
+                  ) -> tuple[Shaper, DilationSummary | None]:
     """The shaper for `scenario`'s links as the box runs them, and the time dilation (None: not dilated).
 
     dilation: a factor >= 1 or "auto" (testbed.run.dilation); auto and compensate run a short calibration
@@ -380,7 +380,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
                 "does not apply (ignored)")
         dilation, compensate = 1.0, False
     chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
-                                    cache=calibrations)
+                                    cache=calibrations, budget_s=budget_s)
     physical = box_scenario(scenario, chosen)
     shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_agents, new_run_id(),
                            options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms, schedule=physical.schedule))
@@ -390,11 +390,11 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
 async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog: RunLog | None = None,
                        log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False,
                        dilation: float | str = 1.0, compensate: bool = False,
-                       calibrations: dict | None = None) -> RunSummary:
+                       calibrations: dict | None = None, budget_s: float = BUDGET_S) -> RunSummary:
     """Choose the shaper (and the dilation) and run one scenario (testbed.api.run wraps this)."""
     log = log or (lambda message: print(message, file=sys.stderr))
     shaper, chosen = await prepare(scenario, shaper_kind, dilation=dilation, compensate=compensate, log=log,
-                                   echo_agent_stderr=echo_agent_stderr, calibrations=calibrations)
+                                   echo_agent_stderr=echo_agent_stderr, calibrations=calibrations, budget_s=budget_s)
     launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr,
                         dilation=chosen)
     return await launcher.run()

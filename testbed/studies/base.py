@@ -23,7 +23,7 @@ from rich.table import Table
 from netem.select import kinds as shaper_kinds
 from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
-from testbed.run.dilation import parse_dilation
+from testbed.run.dilation import BUDGET_S, parse_budget, parse_dilation
 from testbed.run.trace import tracing
 
 TABLE_WIDTH = 160  # a study's tables print at least this wide (a piped console is 80 wide and would fold them)
@@ -107,8 +107,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="run every delay and compute D times slower, report in the scenario's time (default "
                              "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
                              "lap, within a run-time budget; 1 = off)")
+    parser.add_argument("--budget-s", type=budget_arg, default=BUDGET_S, metavar="S",
+                        help=f"auto dilation's run-time budget: the seconds a run's dilated decode may take (default "
+                             f"{BUDGET_S:g}); where it caps D, the run says so with the error the overhead leaves")
     parser.add_argument("--compensate", action="store_true",
                         help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
+
+
+def budget_arg(text: str) -> float:
+    try:
+        return parse_budget(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--budget-s: ")) from exc
 
 
 def add_trace_option(parser: argparse.ArgumentParser) -> None:

@@ -103,7 +103,8 @@ def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace
                                         "decode.mode=plain", f"decode.prompt_tokens={PROMPT_TOKENS}",
                                         "decode.tokens=2", f"network.rate_mbit={SLOW_RATE_MBIT}"]
     scenario = make_scenario(scenario_name, overrides=overrides)
-    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation))
+    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                            budget_s=args.budget_s))
     t = summary.ttft
     return t.measured_s, t.predicted_s, t.bytes_per_hop
 

@@ -133,7 +133,7 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
     async def run(label: str, overrides: list[str]) -> RunSummary:
         log(label)
         sc = make_scenario(args.scenario, overrides=base + overrides)
-        return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation)
+        return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
 
     colocated = await run("co-located SD", ["decode.mode=speculative", "spec.placement=colocated"])
     plain = await run("cloud autoregressive", ["decode.mode=plain", "spec.placement=colocated"])

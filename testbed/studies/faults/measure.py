@@ -225,7 +225,7 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
                 if (shaper or args.shaper) != "userspace":
                     nursery.start_soon(watch_kernel_tcp, seen)
                 summary = await run_scenario(sc, shaper or args.shaper, runlog=runlog, log=lambda m: None,
-                                             dilation=args.dilation)
+                                             dilation=args.dilation, budget_s=args.budget_s)
                 nursery.cancel_scope.cancel()
             ran, compute = summary.shaper, summary.compute_s or 0.0
             if value == 0 and clean_ids is None:

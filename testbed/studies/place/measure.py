@@ -169,6 +169,7 @@ def run(args: argparse.Namespace, console: Console) -> PlaceResult:
         for label, sc in runs:
             console.print(f"measuring {label} ({sc.n_stages} agents, T_ring {sc.t_ring_s * 1e3:.1f} ms)...")
             summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                                    budget_s=args.budget_s,
                                                     compensate=args.compensate))
             shaper = summary.shaper
             # predicted with the measured C, as every run reports it

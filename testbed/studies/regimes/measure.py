@@ -161,6 +161,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
         scenario = make_scenario(scenario_name, overrides=list(args.overrides) + overrides)
         log(f"[{i + 1}/{len(runs)}] {label}")
         summary = await run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                     budget_s=args.budget_s,
                                      compensate=args.compensate, calibrations=calibrations)
         shaper = summary.shaper
         row = row_of(label, summary, scenario)

@@ -73,7 +73,8 @@ def reproduce(row: PublishedRow, args: argparse.Namespace) -> ReproducedRow:
     if args.measure:
         from testbed.run.launcher import run_scenario
 
-        summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation))
+        summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                                budget_s=args.budget_s))
         measured = summary.measured_tok_s
     gap = abs(predicted / row.published_tok_s - 1) * 100
     within = row.published_range != (0.0, 0.0) and row.published_range[0] <= predicted <= row.published_range[1]

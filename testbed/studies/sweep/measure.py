@@ -42,6 +42,7 @@ def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, cons
                   f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
                   f"c_d {scenario.decode.draft_ms:.2f} ms")
     return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                         budget_s=args.budget_s,
                                          compensate=args.compensate))
 
 

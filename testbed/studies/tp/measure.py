@@ -69,8 +69,8 @@ async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResul
     for i, factor in enumerate(scales):
         pp_sc, tp_sc = scaled_links(pp_base, factor), scaled_links(tp_base, factor)
         log(f"[{i + 1}/{len(scales)}] links x{factor:g}: PP ({pp_sc.n_stages} stages), then TP ({args.allreduce})")
-        pp = await run_scenario(pp_sc, args.shaper, log=lambda m: None, dilation=args.dilation)
-        tp = await run_scenario(tp_sc, args.shaper, log=lambda m: None, dilation=args.dilation)
+        pp = await run_scenario(pp_sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
+        tp = await run_scenario(tp_sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
         shaper, t = tp.shaper, tp.tp
         if t is None or not pp.measured_tok_s:
             raise ConfigError("a run decoded no tokens past the prompt: raise --tokens", key="--tokens")

@@ -106,6 +106,7 @@ async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], c
                                                                    f'wire.codec="{codec}"'])
                 log(f"{codec}, {rate:g} Mbit/s, n = {n}...")
                 summary = await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
+                                             budget_s=args.budget_s,
                                              compensate=args.compensate)
                 t = summary.tree
                 if t is None:
