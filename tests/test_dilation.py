@@ -287,10 +287,14 @@ def test_the_cli_rejects_a_bad_dilation_naming_the_option(bad, capsys):
 
 def test_run_and_every_study_take_a_budget_and_refuse_a_bad_one(capsys):
     from testbed import cli
+    from testbed.studies import STUDIES
 
-    for command in ("run", "plan", "regimes", "tp"):
+    for study in STUDIES.values():  # every study that runs a scenario passes it on (budget_s=args.budget_s)
+        args, _ = study.parser().parse_known_args((["geo-ring"] if study.scenario else []) + ["--budget-s", "5"])
+        assert args.budget_s == 5.0 if hasattr(args, "dilation") else study.name == "bench", study.name
+    for command in ("run", "plan", "regimes", "whatif"):
         with pytest.raises(SystemExit) as exc:
-            cli.main([command, "geo-ring", "--budget-s", "0"])
+            cli.main([command, *(["geo-ring"] if command != "whatif" else []), "--budget-s", "0"])
         assert exc.value.code == 2
         assert "--budget-s: expected seconds in (0, 86400], got '0'" in capsys.readouterr().err
 

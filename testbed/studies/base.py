@@ -107,11 +107,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="run every delay and compute D times slower, report in the scenario's time (default "
                              "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
                              "lap, within a run-time budget; 1 = off)")
+    add_budget_option(parser)
+    parser.add_argument("--compensate", action="store_true",
+                        help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
+
+
+def add_budget_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=budget_arg, default=BUDGET_S, metavar="S",
                         help=f"auto dilation's run-time budget: the seconds a run's dilated decode may take (default "
                              f"{BUDGET_S:g}); where it caps D, the run says so with the error the overhead leaves")
-    parser.add_argument("--compensate", action="store_true",
-                        help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
 
 
 def budget_arg(text: str) -> float:

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from netem.select import kinds as shaper_kinds
-from testbed.studies.base import ReportPart, Study, dilation_arg
+from testbed.studies.base import ReportPart, Study, add_budget_option, dilation_arg
 from testbed.studies.reproduce import measure
 from testbed.scenario.validate import check_number, record_from
 
@@ -18,6 +18,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="backend for --measure (default virtual: exact, fast)")
     parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
                         help="time dilation for --measure on a real backend (default auto)")
+    add_budget_option(parser)
     parser.add_argument("--tokens", type=int, default=measure.TOKENS, help="tokens each measured row decodes")
     parser.add_argument("--json", help="write the result here")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from netem.select import kinds as shaper_kinds
-from testbed.studies.base import ReportPart, Study, dilation_arg
+from testbed.studies.base import ReportPart, Study, add_budget_option, dilation_arg
 from testbed.studies.whatif import figures, measure
 
 
@@ -31,6 +31,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shaper", choices=shaper_kinds(), default="auto", help="backend for --measure")
     parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
                         help="time dilation for --measure (default auto)")
+    add_budget_option(parser)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the scenario it builds, e.g. --set decode.prefill_chunk=32")
     parser.add_argument("--json", help="write the result here")
