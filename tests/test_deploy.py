@@ -208,6 +208,26 @@ def test_whatif_measured_on_virtual_time_equals_its_closed_form(tmp_path):
     assert "upgrade first" in done.stdout
 
 
+def test_whatif_links_default_to_one_flow_s_rate_between_regions(tmp_path):
+    """A ring's hop is one TCP flow: by default whatif gives every link what the region catalogue says one flow
+    between two regions gets (5 Gbps on AWS, sourced); --rate-mbit 0 is unlimited. The 2,048-token prompt's 32 MiB
+    hidden state then takes its serialization on each of the three hops."""
+    from testbed.deploy.catalog import regions
+
+    runs = {}
+    for rate in (None, "0"):
+        out = tmp_path / f"whatif-{rate}.json"
+        done = whatif("--model", "llama-3.1-70b", "--hardware", "h100-sxm,8", "--regions",
+                      "hong-kong,ireland,virginia", *(["--rate-mbit", rate] if rate else []), "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        runs[rate] = json.loads(out.read_text())
+    assert runs[None]["rate_mbit"] == regions().flow_rate_mbit == 5000.0 and "Gbps" in regions().flow_rate_source
+    assert runs["0"]["rate_mbit"] == 0.0
+    prompt_bytes = 2048 * 8192 * 2  # P x d_model x bf16
+    serialization = 3 * prompt_bytes / (5000e6 / 8)
+    assert runs[None]["ttft_predicted_s"] - runs["0"]["ttft_predicted_s"] == pytest.approx(serialization, rel=0.01)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--model", "llama-9", "--hardware", "h100-sxm", "--regions", "ireland"], "--model: unknown model preset"),
     (["--model", "llama-3.1-8b", "--hardware", "h100-sxm,0", "--regions", "ireland"], "--hardware: expected"),

@@ -24,6 +24,7 @@ HARDWARE_KEYS = {"source", "memory_gb", "memory_bw_gbs", "tflops_bf16", "tflops_
                  "flop_efficiency", "efficiency_source"}
 REGION_KEYS = {"city", "provider", "lat", "lon"}
 REGIONS_TOP_KEYS = {"source", "date", "names", "one_way_ms", "regions"}
+REGIONS_OPTIONAL_KEYS = {"flow_rate_mbit", "flow_rate_source"}  # one TCP flow's rate between regions, sourced
 MODEL_COUNTS = ("d_model", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
 
 
@@ -126,6 +127,8 @@ class RegionCatalog:
     regions: tuple[Region, ...]
     names: tuple[str, ...]
     one_way_ms: tuple[tuple[float, ...], ...]
+    flow_rate_mbit: float = 0.0  # what one TCP flow between two regions gets (0: not stated, unlimited)
+    flow_rate_source: str = ""
 
     def region(self, name: str, source: str | None = None, key: str | None = None) -> Region:
         found = {r.name: r for r in self.regions}
@@ -230,7 +233,7 @@ def parse_hardware(data: dict, source: str) -> dict[str, HardwarePreset]:
 
 def parse_regions(data: dict, source: str) -> RegionCatalog:
     """regions.toml: source, date, names, one_way_ms (row = from, zero diagonal) and a [regions.NAME] per name."""
-    check_keys(data, REGIONS_TOP_KEYS, source, "")
+    check_keys(data, REGIONS_TOP_KEYS | REGIONS_OPTIONAL_KEYS, source, "")
     missing = sorted(REGIONS_TOP_KEYS - data.keys())
     if missing:
         raise ConfigError("missing key", source=source, key=missing[0])
@@ -262,8 +265,13 @@ def parse_regions(data: dict, source: str) -> RegionCatalog:
             check_number(value, source, f"one_way_ms[{i}][{j}]", minimum=0, maximum=60_000)
         if row[i] != 0:
             raise ConfigError("a region's latency to itself must be 0", source=source, key=f"one_way_ms[{i}][{i}]")
+    check_number(data.get("flow_rate_mbit", 0.0), source, "flow_rate_mbit", minimum=0, maximum=100_000)
+    if data.get("flow_rate_mbit") and not data.get("flow_rate_source"):
+        raise ConfigError("a flow rate needs its source", source=source, key="flow_rate_source")
     return RegionCatalog(source=data["source"], date=data["date"], regions=tuple(regions), names=tuple(names),
-                         one_way_ms=tuple(tuple(float(v) for v in row) for row in matrix))
+                         one_way_ms=tuple(tuple(float(v) for v in row) for row in matrix),
+                         flow_rate_mbit=float(data.get("flow_rate_mbit", 0.0)),
+                         flow_rate_source=data.get("flow_rate_source", ""))
 
 
 def read_catalogue(path: Path | Traversable, parse: Callable[[dict, str], Any]) -> Any:

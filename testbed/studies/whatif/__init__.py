@@ -24,8 +24,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=24, help="tokens to generate (default 24)")
     parser.add_argument("--streams", type=int, default=16, metavar="M",
                         help="streams for the continuous-batching aggregate (default 16)")
-    parser.add_argument("--rate-mbit", type=float, default=0.0, metavar="W", help="every link's rate (default: "
-                                                                                  "unlimited)")
+    parser.add_argument("--rate-mbit", type=float, default=None, metavar="W",
+                        help="every link's rate, Mbit/s (default: one TCP flow between two regions, the region "
+                             "catalogue's flow_rate_mbit: 5,000 on AWS; 0 = unlimited)")
     parser.add_argument("--measure", action="store_true", help="run the deployment and print measured next to "
                                                                "predicted")
     parser.add_argument("--shaper", choices=shaper_kinds(), default="auto", help="backend for --measure")

@@ -92,6 +92,12 @@ def region_names(text: str) -> list[str]:
     return names
 
 
+def link_rate_mbit(args: argparse.Namespace) -> float:
+    """Every link's rate: --rate-mbit, else what one TCP flow between two regions gets (the region catalogue's
+    flow_rate_mbit, sourced); 0 is unlimited."""
+    return regions().flow_rate_mbit if args.rate_mbit is None else args.rate_mbit
+
+
 def build(args: argparse.Namespace) -> Scenario:
     """The scenario of the deployment: [geometry], a stage per region on the hardware, the catalogue's hops."""
     model_preset(args.model, key="--model")
@@ -106,7 +112,7 @@ def build(args: argparse.Namespace) -> Scenario:
         "regions": {"names": names, "source": f"{catalogue.source} ({catalogue.date})",
                     "one_way_ms": [[catalogue.latency_ms(a, b) for b in names] for a in names]},
         "stages": [{"name": name, "region": name, "hardware": hardware, "devices": devices} for name in names],
-        "network": {"rate_mbit": args.rate_mbit} if args.rate_mbit else {},
+        "network": {"rate_mbit": link_rate_mbit(args)} if link_rate_mbit(args) else {},
         "decode": {"mode": "plain", "tokens": args.tokens, "temperature": 0.0, "prompt_tokens": args.prompt},
     }
     for item in args.overrides:
@@ -136,7 +142,7 @@ def predicted(args: argparse.Namespace, scenario: Scenario) -> WhatifResult:
         whatif=f"{args.model} on {len(names)} x {devices} x {hardware}: {' -> '.join(names)}", model=args.model,
         hardware=hardware, devices=devices, regions=names, hops_ms=tuple(link.delay_ms for link in scenario.ring),
         fiber_floor_ms=tuple(catalogue.fiber_floor_ms(a, b) for a, b in ring),
-        regions_source=f"{catalogue.source} ({catalogue.date})", rate_mbit=args.rate_mbit or 0.0,
+        regions_source=f"{catalogue.source} ({catalogue.date})", rate_mbit=link_rate_mbit(args),
         prompt_tokens=args.prompt, decode_frame_bytes=predict.frame_bytes(scenario, 0, 1),
         predicted_tok_s=predict.decode_tok_s(scenario, args.prompt, args.tokens - 1),
         ttft_predicted_s=predict.ttft_s(scenario, args.prompt), streams=args.streams,
