@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 import trio
 
+from agents.codec import emulated_payload_bytes
 from agents.ring import RingClient
 from agents.spec import AgentSpec
 from agents.stage import PipelineStage, StagePlan
@@ -182,6 +183,8 @@ async def play_role(spec: AgentSpec, ring: RingClient, plan: StagePlan) -> tuple
         await serve_head(ring, resolve(spec.runner)(spec.decode, ring).sample)
         return "finished", None
     if plan.is_entry:
+        if spec.warm_windows:
+            await ring.warm(emulated_payload_bytes(spec.decode.prompt_tokens, spec.wire) if spec.wire.width else 0)
         await ring.probe()
         tokens = await resolve(spec.runner)(spec.decode, ring).run()
         await ring.shutdown()

@@ -23,6 +23,8 @@ from testbed.core.roofline import Roofline
 CONNECT_TIMEOUT_S = 30.0
 CONNECT_RETRY_S = 0.05
 PROBE_LAPS = 5
+WARM_LAP = 2**32 - 1  # the lap number of the warm-up frame (RingClient.warm), which no probe uses
+WARM_MIN_BYTES = 64 * 1024  # a frame this small leaves in a connection's first window: no warm-up needed
 SHUTDOWN_GRACE_S = 5.0
 INBOX_FRAMES = 16  # plus one per stream in flight
 CONTEXT_KEEP = 64  # tokens a mode keeps when the context window fills and a new sequence starts
@@ -282,6 +284,19 @@ class RingClient:
                                        for (f, recv_i), h in zip(group, hiddens)])
 
     # --- entry stage ---------------------------------------------------------------------------
+
+    async def warm(self, nbytes: int) -> None:
+        """Open every ring hop's TCP windows to a frame of `nbytes` before the first lap: one PROBE frame that size
+        goes around, unrecorded. A warm long-haul connection sends a frame in its delay plus its bytes at the rate;
+        a fresh one on the kernel's TCP (netem) would add the round trips its windows take to grow to it."""
+        if self.n_stages == 1 or nbytes <= WARM_MIN_BYTES:
+            return
+        rows = -(-min(nbytes, wire.MAX_PAYLOAD_BYTES) // (4 << 20))  # 4 MiB a row: no dimension over wire.MAX_DIM
+        tensor = np.zeros((rows, 1 << 20), np.float32)
+        await self.send(self.pass_through(wire.Frame(wire.Kind.PROBE, lap=WARM_LAP, tensor=tensor), self.clock.now()))
+        frame, _ = await self.receive()
+        if frame.kind != wire.Kind.PROBE or frame.lap != WARM_LAP:
+            raise WireError(f"expected the warm-up frame back, got {frame.kind.name} lap {frame.lap}")
 
     async def probe(self, laps: int = PROBE_LAPS) -> None:
         """Self-check: send empty frames around the ring and report every hop's one-way latency."""

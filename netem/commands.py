@@ -70,7 +70,7 @@ def network_commands(plan: NetworkPlan) -> list[str]:
         lines += _veth_lines(veth)
     for ns in plan.namespaces:
         for key, value in ns.sysctls:
-            lines.append(_in(ns.name, f"sysctl -w {key.replace('/', '.')}={value}"))
+            lines.append(_in(ns.name, f"sysctl -w {shlex.quote(key.replace('/', '.') + '=' + value)}"))
         for veth in plan.veths:
             for stage in (veth.a, veth.b):
                 namespace, ifname, _ = veth.end(stage)

@@ -155,6 +155,7 @@ class KernelShaper(Shaper):
     """
 
     name = "netem"
+    warm_windows = True  # a fresh connection's windows would cost a big first frame round trips (Shaper)
 
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:

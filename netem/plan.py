@@ -87,10 +87,17 @@ NETEM_DIST_SCALE = 8192  # include/uapi/linux/pkt_sched.h
 NETEM_DIST_SIZE = 4096  # entries in iproute2's normal.dist
 JITTER_DISTRIBUTION = "normal"
 
-INITIAL_WINDOW_SEGMENTS = 100  # initcwnd/initrwnd on every pair route: a 50 KB frame is one flight
+# A link is a warm, tuned long-haul connection: a frame takes its delay plus its bytes at the link's rate, with no
+# round trips of TCP's own. So every pair route starts with a window that holds the largest frame (a 64 MiB prompt
+# is 46,000 segments: initcwnd/initrwnd), and every socket's buffers hold it (tcp_rmem/tcp_wmem: the initial
+# receive window is bounded by the receive buffer, the data in flight by the send buffer; taken only as used).
+INITIAL_WINDOW_SEGMENTS = 65_535
+SOCKET_BUFFER_BYTES = 256 * 2**20
 # Per-namespace sysctls: a lap leaves every connection idle for a whole ring time, and Linux would
 # otherwise restart slow start after each idle period (RFC 2861), adding round trips to every frame.
-NAMESPACE_SYSCTLS = (("net/ipv4/tcp_slow_start_after_idle", "0"),)
+NAMESPACE_SYSCTLS = (("net/ipv4/tcp_slow_start_after_idle", "0"),
+                     ("net/ipv4/tcp_rmem", f"4096 {SOCKET_BUFFER_BYTES} {SOCKET_BUFFER_BYTES}"),
+                     ("net/ipv4/tcp_wmem", f"4096 {SOCKET_BUFFER_BYTES} {SOCKET_BUFFER_BYTES}"))
 
 
 @dataclass(frozen=True)

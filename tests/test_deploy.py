@@ -187,6 +187,32 @@ async def test_the_seed_paper_s_700b_geometry_on_the_geo_ring(rate_mbit, prompt)
     assert summary.measured_tok_s == pytest.approx(1 / lap, rel=1e-6)
 
 
+async def test_the_warm_up_frame_opens_every_hop_before_the_first_lap_and_is_not_recorded(monkeypatch):
+    """On a backend whose links are the kernel's TCP (Shaper.warm_windows: netem) the entry sends one prompt-sized
+    PROBE around before the first lap (tests/test_netem_geometry.py shows what it buys there). Run here on the
+    virtual backend with the flag set: the frame goes around, every hop, and the laps and TTFT stay exact."""
+    from agents.ring import RingClient
+    from netem.virtual import VirtualShaper
+
+    warmed = []
+    original = RingClient.warm
+
+    async def recording(self, nbytes):
+        await original(self, nbytes)
+        warmed.append(nbytes)  # only once it came back around the ring
+
+    monkeypatch.setattr(VirtualShaper, "warm_windows", True)
+    monkeypatch.setattr(RingClient, "warm", recording)
+    sc = load_scenario("geo-ring", ["geometry.preset=\"seed-700b\"", "network.rate_mbit=2240", "decode.tokens=4",
+                                    "decode.prompt_tokens=512"])
+    summary = await run_scenario(sc, "virtual", log=lambda m: None)
+    assert warmed == [512 * 32768]  # the prompt's hidden state, once, from the entry
+    assert summary.ttft.measured_s == pytest.approx(summary.ttft.predicted_s, rel=1e-6)
+    assert summary.measured_tok_s == pytest.approx(summary.predicted_tok_s, rel=1e-6)
+    monkeypatch.setattr(VirtualShaper, "warm_windows", False)
+    assert (await run_scenario(sc, "virtual", log=lambda m: None)).laps == summary.laps and len(warmed) == 1
+
+
 def whatif(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed", "whatif", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -100,7 +99,8 @@ class Launcher:
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             roofline=st.roofline, kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
-                            lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots)
+                            lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots,
+                            warm_windows=self.shaper.warm_windows)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,
@@ -351,7 +351,7 @@ class Launcher:
 
 
 def new_run_id() -> str:
-    return uuid.uuid4().hex[:6]
+    return os.urandom(3).hex()  # six hex digits: namespaces, devices and fork-server sockets carry it
 
 
 async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: float | str = 1.0,
