@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
@@ -302,3 +303,66 @@ def test_a_long_prompt_on_a_slow_link_gets_the_time_its_lap_needs():
     assert load_scenario("geo-ring").lap_timeout_s == 120.0  # the default where nothing is that slow
     assert load_scenario("geo-ring", ["network.lap_timeout_s=5", "geometry.preset=\"seed-700b\"",
                                       "network.rate_mbit=10", "decode.prompt_tokens=2048"]).lap_timeout_s == 5.0
+
+
+# --- a measured profile in place of the roofline ---------------------------------------------------------------------
+
+PROFILE = """source = "a test's own numbers"
+tokens = [1, 101]
+batch = [1, 5]
+ms = [[20.0, 24.0],
+      [70.0, 90.0]]
+"""
+
+
+def test_a_measured_profile_interpolates_between_and_beyond_its_points():
+    from testbed.core.roofline import MeasuredProfile
+    from testbed.deploy.profile import parse_profile
+
+    profile = parse_profile(tomllib.loads(PROFILE), "p.toml")
+    assert profile.seconds(1, 1) == pytest.approx(0.020) and profile.seconds(101, 5) == pytest.approx(0.090)
+    assert profile.seconds(51, 1) == pytest.approx(0.045)  # halfway along T at b = 1
+    assert profile.seconds(51, 3) == pytest.approx((0.022 + 0.080) / 2)  # bilinear: the cell's centre
+    assert profile.seconds(201, 1) == pytest.approx(0.120)  # the last segment extended
+    assert profile.scaled(2.0).seconds(51, 3) == pytest.approx(2 * profile.seconds(51, 3))
+    flat = MeasuredProfile("one point", (1.0,), (1.0,), ((12.0,),))
+    assert flat.seconds(1000, 64) == pytest.approx(0.012)
+    assert Roofline(profile=profile).seconds(51, 3, context=10_000) == profile.seconds(51, 3)  # no KV term added
+
+
+async def test_stages_with_a_measured_profile_run_exactly_on_it(tmp_path):
+    from agents.spec import AgentSpec
+
+    (tmp_path / "stage.toml").write_text(PROFILE)
+    scenario_file = tmp_path / "ring.toml"
+    sc = scenario_from_dict({"stages": [{"name": "a", "profile": "stage.toml"}, {"name": "b", "profile": "stage.toml"},
+                                        {"name": "c", "compute_ms": 5.0, "profile": "stage.toml"}],
+                             "network": {"hops_ms": [10.0, 20.0, 30.0]},
+                             "decode": {"tokens": 6, "temperature": 0.0}}, str(scenario_file))
+    assert sc.stages[2].roofline is None  # compute_ms still overrides
+    assert sc.stages[0].cost_ms(1, 1) == pytest.approx(20.0) and sc.stages[0].cost_ms(51, 3) == pytest.approx(51.0)
+    spec = AgentSpec(0, 3, "a", 0, 2, 0.0, sc.decode, "x:y", roofline=sc.stages[0].roofline)
+    assert AgentSpec.from_json(spec.to_json()) == spec  # it travels to the agents as JSON
+    summary = await run_scenario(sc, "virtual", log=lambda m: None)
+    assert summary.measured_tok_s == pytest.approx(1 / ((20 + 20 + 5) / 1e3 + 0.060), rel=1e-6)
+    assert summary.measured_tok_s == pytest.approx(summary.predicted_tok_s, rel=1e-6)
+    prompt = summary.ttft.prompt_tokens
+    assert summary.ttft.prefill_compute_s == pytest.approx(2 * (20 + 50 * (prompt - 1) / 100) / 1e3 + 0.005, rel=1e-9)
+    doubled = scenario_from_dict({"scale": 2.0, "stages": [{"profile": str(tmp_path / "stage.toml")}]}, "<test>")
+    assert doubled.stages[0].cost_ms(1, 1) == pytest.approx(40.0)  # scale slows the profile as it does compute_ms
+
+
+@pytest.mark.parametrize("text, key, words", [
+    (None, "stages[0].profile", "cannot read the profile"),
+    ('source = "x"\ntokens = [1]\nbatch = [1]\n', "ms", "missing key"),
+    ('source = "x"\ntokens = [8, 1]\nbatch = [1]\nms = [[1.0], [2.0]]\n', "tokens", "strictly ascending"),
+    ('source = "x"\ntokens = [1, 8]\nbatch = [1]\nms = [[1.0]]\n', "ms", "expected 2 rows"),
+    ('source = "x"\ntokens = [1]\nbatch = [1]\nms = [[-1.0]]\n', "ms[0][0]", "expected a number in [0, 3.6e+06]"),
+    ('source = ""\ntokens = [1]\nbatch = [1]\nms = [[1.0]]\n', "source", "non-empty"),
+])
+def test_a_bad_profile_names_its_file_and_key(tmp_path, text, key, words):
+    if text is not None:
+        (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict({"stages": [{"profile": str(tmp_path / "p.toml")}]}, "<test>")
+    assert info.value.key == key and words in str(info.value)

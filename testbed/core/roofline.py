@@ -1,10 +1,40 @@
-"""A forward pass's emulated cost from hardware: the roofline of one stage's share of a model (issue 28)."""
+"""A forward pass's emulated cost: the roofline of one stage's share of a model on its hardware, or a measured
+profile of it (issue 28)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, replace
 
 from testbed.core.records import JsonRecord
+
+
+@dataclass(frozen=True)
+class MeasuredProfile(JsonRecord):
+    """A stage's forward pass as measured: ms at each (T positions, b streams) of a grid, between and beyond its points
+    piecewise linear in T and in b (bilinear inside, the end segments extended outside; one point on an axis: flat
+    along it). The context a pass attends to is the one it was measured at: no KV term is added."""
+
+    source: str  # where the numbers come from (a file, a system, a date)
+    tokens: tuple[float, ...]  # T, ascending
+    batch: tuple[float, ...]  # b, ascending
+    ms: tuple[tuple[float, ...], ...]  # a row per T, a column per b
+
+    def seconds(self, n_tok: int = 1, batch: int = 1) -> float:
+        rows = [_along(self.batch, row, batch) for row in self.ms]
+        return max(0.0, _along(self.tokens, rows, n_tok)) / 1e3
+
+    def scaled(self, factor: float) -> "MeasuredProfile":
+        return replace(self, ms=tuple(tuple(v * factor for v in row) for row in self.ms))
+
+
+def _along(xs: tuple[float, ...], ys: list[float] | tuple[float, ...], x: float) -> float:
+    """ys at x, piecewise linear over ascending xs, the first and last segments extended."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)  # the segment [xs[i-1], xs[i]] that holds or is nearest x
+    x0, x1 = xs[i - 1], xs[i]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -24,14 +54,17 @@ class Roofline(JsonRecord):
     stage's devices (tensor parallelism inside the stage, its own all-reduces assumed free at NVLink speed).
     """
 
-    weight_bytes: float
-    flops_per_token: float
-    kv_bytes_per_position: float
-    memory_bw_bytes_s: float
-    flop_s: float
+    weight_bytes: float = 0.0
+    flops_per_token: float = 0.0
+    kv_bytes_per_position: float = 0.0
+    memory_bw_bytes_s: float = 0.0
+    flop_s: float = 0.0
     total_weight_bytes: float = 0.0  # a mixture of experts' every expert on the stage; 0: dense (= weight_bytes)
+    profile: MeasuredProfile | None = None  # measured ([[stages]] profile): replaces the arithmetic above
 
     def seconds(self, n_tok: int = 1, batch: int = 1, context: float = 0) -> float:
+        if self.profile is not None:
+            return self.profile.seconds(n_tok, batch)
         read = self.weight_bytes
         if self.total_weight_bytes > self.weight_bytes:
             read = min(self.total_weight_bytes, self.weight_bytes * n_tok * batch)
@@ -43,7 +76,8 @@ class Roofline(JsonRecord):
         """The same stage on hardware `factor` times slower: every pass takes `factor` times as long (a scenario's
         `scale`, time dilation)."""
         return Roofline(self.weight_bytes, self.flops_per_token, self.kv_bytes_per_position,
-                        self.memory_bw_bytes_s / factor, self.flop_s / factor, self.total_weight_bytes)
+                        self.memory_bw_bytes_s / factor, self.flop_s / factor, self.total_weight_bytes,
+                        self.profile.scaled(factor) if self.profile is not None else None)
 
     @property
     def ridge_tokens(self) -> float:

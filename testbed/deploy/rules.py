@@ -159,6 +159,16 @@ def apply_hardware(stages: list[Any], geometry: ModelPreset | None, own: dict[st
     return out
 
 
+def apply_profiles(stages: list[Any], scale: float, source: str) -> list[Any]:
+    """Each stage that names a measured profile computes as it says (scaled by `scale`), in place of its roofline;
+    compute_ms, when given, still overrides."""
+    from testbed.deploy.profile import load_profile
+
+    return [replace(st, roofline=Roofline(profile=load_profile(st.profile, source, f"stages[{i}].profile")
+                                          ).scaled(scale))
+            if st.profile and st.compute_ms == 0 else st for i, st in enumerate(stages)]
+
+
 def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, model: str, decode: DecodeConfig,
                    scale: float, source: str) -> tuple[ModelPreset | None, list[Any], WireConfig]:
     """[geometry], [hardware.NAME] and the stages' hardware of a raw scenario: (the geometry, the stages with their
@@ -170,6 +180,7 @@ def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, mo
     geometry = geometry_from_dict(raw.get("geometry"), source)
     head_stage = {"entry": 0, "last": len(stages) - 1}.get(head)  # "separate": the head's own agent
     stages = apply_hardware(stages, geometry, hardware_tables(raw.get("hardware"), source), head_stage, scale, source)
+    stages = apply_profiles(stages, scale, source)
     if geometry is None and decode.prompt_tokens == 0:
         return geometry, stages, wire
     shape = model_config(model)

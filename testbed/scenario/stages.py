@@ -29,6 +29,7 @@ class StageConfig:
     # a [hardware.NAME] of the scenario); its roofline is worked out at load. compute_ms, when given, overrides it.
     hardware: str | None = None
     devices: int = 1
+    profile: str | None = None  # a measured profile's file (testbed.deploy.profile): replaces the roofline
     roofline: Roofline | None = None  # derived, not a TOML key (None where compute_ms is given)
 
     def cost_ms(self, n_tok: int = 1, batch: int = 1, context: int = 0) -> float:
@@ -60,6 +61,7 @@ def stage_from_dict(st: object, i: int, source: str, scale: float) -> StageConfi
         region=string(st, "region", "", source, where) or None,
         hardware=string(st, "hardware", "", source, where) or None,
         devices=number(st, "devices", 1, source, where, minimum=1, maximum=4096, integer=True),
+        profile=string(st, "profile", "", source, where) or None,
     )
 
 
