@@ -36,7 +36,7 @@ async def chunked_prefill(ring: Any, ids: list[int], chunk: int, decide: Callabl
         frame = wire.Frame(wire.Kind.HIDDEN, lap=lap_no, pos=pos, tensor=hidden,
                            flags=wire.NO_SAMPLE if j < n - 1 else 0)
         kv = ring.kv_frame(pos, len(block))
-        await ring.send(ring.stamped(frame, start, start, real_end, end, hidden, extra_bytes=len(kv)), kv=kv)
+        await ring.send(ring.stamped(frame, start, start, real_end, end, hidden, extra_bytes=wire.parts_len(kv)), kv=kv)
         sent.append((lap_no, start, real_end - start))
     for j, (block, block_pos) in enumerate(blocks):
         back, return_recv = await ring.receive()

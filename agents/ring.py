@@ -160,21 +160,30 @@ class RingClient:
                         raise PeerTimeout(f"cannot reach stage {dst} at {address}: {exc}") from exc
                     await trio.sleep(CONNECT_RETRY_S)
 
-    def kv_frame(self, pos: int, n_tok: int, stream: int = 0) -> bytes:
-        """placement.kv = "ship": this stage's K and V for positions pos..pos+n_tok, encoded ([2, L, T, C] float32);
-        b"" when KV stays local."""
+    def kv_frame(self, pos: int, n_tok: int, stream: int = 0) -> list[tuple[bytes, int]]:
+        """placement.kv = "ship": this stage's K and V for positions pos..pos+n_tok, encoded ([2, L, T, C] float32),
+        and the zeros that follow it (an emulated geometry's K and V on this stage's share of its layers, said in
+        the frame's flags); [] when KV stays local."""
         if not self.kv_ship:
-            return b""
+            return []
         cache = self.stage.cache_for(stream)
         k = cache.k[:, 0, :, pos:pos + n_tok, :]  # [L, nh, T, hd]
         v = cache.v[:, 0, :, pos:pos + n_tok, :]
         kv = torch.stack([k, v]).permute(0, 1, 3, 2, 4).reshape(2, k.shape[0], n_tok, -1)  # [2, L, T, C]
-        return wire.encode(wire.Frame(wire.Kind.KV, stream=stream, pos=pos, tensor=kv.contiguous().numpy()))
+        layers = self.codec.stage_layers[self.index] if self.codec.kv_layer_bytes else 0
+        frame = wire.Frame(wire.Kind.KV, stream=stream, pos=pos, flags=layers, tensor=kv.contiguous().numpy())
+        return [wire.encode_parts(frame, dataclasses.replace(self.codec, codec="f32"))]  # KV is never compressed
 
-    async def send(self, frame: wire.Frame, dst: int | None = None, kv: bytes = b"") -> int:
-        """Send a frame (after `kv`, shipped KV bytes, on the same link: they delay it as they would)."""
+    async def send(self, frame: wire.Frame, dst: int | None = None, kv: list[tuple[bytes, int]] = ()) -> int:
+        """Send a frame after `kv` (frames to go ahead of it on the same link, each as its bytes and the zeros that
+        follow them: shipped KV, a tree plan; they delay it as they would). One write where nothing is padded."""
         data, pad = wire.encode_parts(frame, self.codec)
-        return await self.write(kv + data, dst, pad)
+        sent, pending = 0, b""
+        for part, zeros in (*kv, (data, pad)):
+            pending += part
+            if zeros:
+                sent, pending = sent + await self.write(pending, dst, zeros), b""
+        return sent + (await self.write(pending, dst) if pending else 0)
 
     async def write(self, data: bytes, dst: int | None, pad: int = 0) -> int:
         """Send `data`, then `pad` zeros (an emulated geometry's padding, a piece at a time from wire.zeros)."""
@@ -266,11 +275,12 @@ class RingClient:
                         frame = dataclasses.replace(frame, kind=wire.Kind.TOKEN)
                     real_end = self.clock.now()
                     n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
-                    kv = self.tree_ahead.pop(frame.stream, b"") + self.kv_frame(frame.pos, n_tok, frame.stream)
+                    ahead = self.tree_ahead.pop(frame.stream, b"")
+                    kv = ([(ahead, 0)] if ahead else []) + self.kv_frame(frame.pos, n_tok, frame.stream)
                     await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos),
                                                              self.dilation * (real_end - start)))
                     await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
-                                                 extra_bytes=len(kv)), kv=kv)
+                                                 extra_bytes=wire.parts_len(kv)), kv=kv)
                     continue
                 start = self.clock.now()
                 hiddens = self.stage.run_batch([f.tensor for f, _ in group], [f.pos for f, _ in group],
@@ -325,10 +335,10 @@ class RingClient:
         front_real_end = self.clock.now()
         if self.n_stages > 1:
             frame = wire.Frame(wire.Kind.HIDDEN, stream=stream, lap=lap_no, pos=pos, tensor=hidden)
-            kv = (wire.encode(wire.Frame(wire.Kind.TREE, pos=pos, tensor=tree)) if tree is not None else b""
+            kv = ([(wire.encode(wire.Frame(wire.Kind.TREE, pos=pos, tensor=tree)), 0)] if tree is not None else []
                   ) + self.kv_frame(pos, len(ids), stream)
             await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
-                                         extra_bytes=len(kv)), kv=kv)
+                                         extra_bytes=wire.parts_len(kv)), kv=kv)
             back, return_recv = await self.receive()
             if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
                 raise WireError(f"expected lap {lap_no} back, got {back.kind.name} lap {back.lap}")

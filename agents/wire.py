@@ -106,12 +106,21 @@ def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, ki
 
 
 def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, codec: WireConfig | None,
-              pos: int = -1) -> int:
+              pos: int = -1, flags: int = 0) -> int:
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
-    the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions);
-    every other frame none. Never negative: a frame is at least its own."""
-    if codec is None or not codec.width or kind != Kind.HIDDEN or not shape:
+    the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions); a
+    REDUCE message (a tensor-parallel partial sum, agents.tp, a share of a hidden state) the same share of the
+    geometry's; a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
+    holds (at most a stage's share); every other frame none. Never negative: a frame is at least its own."""
+    if codec is None or not codec.width or not shape or kind not in (Kind.HIDDEN, Kind.REDUCE, Kind.KV):
         return 0
+    if kind == Kind.KV:
+        if len(shape) != 4 or not codec.kv_layer_bytes or not 0 < flags <= max(codec.stage_layers, default=0):
+            return 0  # not a geometry's KV frame (its own only): the decoder refuses any padding on it
+        return max(0, shape[2] * flags * codec.kv_layer_bytes - payload_len)
+    if kind == Kind.REDUCE:
+        values = math.prod(shape) * codec.width // codec.own_width if codec.own_width else 0
+        return max(0, values * codec.value_bytes - payload_len)
     positions = math.prod(shape[:-1]) + (codec.extra_positions if pos == 0 else 0)
     return max(0, emulated_payload_bytes(positions, codec) - payload_len)
 
@@ -155,6 +164,11 @@ def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
     return data + bytes(pad) if pad else data
 
 
+def parts_len(parts: list[tuple[bytes, int]]) -> int:
+    """Bytes on the wire of frames encoded as (bytes, zeros that follow) parts."""
+    return sum(len(data) + pad for data, pad in parts)
+
+
 def zeros(n: int) -> memoryview:
     """n zero bytes to send as an emulated geometry's padding, without making them (a shared read-only buffer)."""
     global _ZEROS
@@ -196,7 +210,7 @@ def encode_parts(frame: Frame, codec: WireConfig | None = None) -> tuple[bytes, 
         raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
-    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos)
+    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, frame.flags)
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
     return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
                                  frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload), pad),
@@ -268,7 +282,7 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
                             f"({expected} bytes)")
-    expected_pad = pad_bytes(kind, shape, payload_len, codec, pos)
+    expected_pad = pad_bytes(kind, shape, payload_len, codec, pos, flags)
     if pad_len != expected_pad:  # the geometry bounds a frame: nothing larger than its shape implies gets in
         raise WireError(f"padding of {pad_len} bytes; a {kind.name} frame of shape {shape} carries {expected_pad} under "
                         f"this run's geometry ({codec.width if codec is not None else 0} wide)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -366,3 +367,49 @@ def test_a_bad_profile_names_its_file_and_key(tmp_path, text, key, words):
     with pytest.raises(ConfigError) as info:
         scenario_from_dict({"stages": [{"profile": str(tmp_path / "p.toml")}]}, "<test>")
     assert info.value.key == key and words in str(info.value)
+
+
+# --- KV shipping and TP's all-reduces at the geometry's size ------------------------------------------------------
+
+
+async def test_shipped_kv_carries_the_geometry_s_k_and_v_of_each_stage_s_layers():
+    """placement.kv = "ship" with llama-3.1-70b's geometry: each stage's KV frame is K and V of its share of the 80
+    layers (27, 27, 26: 2 x 8 KV heads x 128 x bf16 = 4 KiB a layer a position), ahead of the 16 KiB hidden state."""
+    sc = load_scenario("geo-ring", ['placement.kv="ship"', 'geometry.preset="llama-3.1-70b"', "decode.tokens=6",
+                                    "network.rate_mbit=1000"])
+    assert sc.wire.stage_layers == (27, 27, 26) and sc.wire.kv_layer_bytes == 2 * 8 * 128 * 2
+    summary = await run_scenario(sc, "virtual", log=lambda m: None)
+    for i, hop in enumerate(summary.per_hop):
+        hidden = 8192 * 2 + wire.HEADER.size + (i + 1) * wire.STAMP.size
+        assert hop.bytes_per_lap == hidden + wire.HEADER.size + sc.wire.stage_layers[i] * 4096
+    assert summary.measured_tok_s == pytest.approx(summary.predicted_tok_s, rel=1e-6)
+    assert summary.ttft.measured_s == pytest.approx(summary.ttft.predicted_s, rel=1e-6)
+
+
+async def test_tp_all_reduce_messages_carry_the_geometry_s_share_of_the_hidden_state():
+    """parallel = "tp" with a geometry: a ring all-reduce message is a 1/N chunk of the partial sum, so it carries
+    that chunk of the geometry's 8,192-wide bf16 hidden state; the per-token prediction holds exactly."""
+    base = ['parallel="tp"', "decode.tokens=5", "network.rate_mbit=1000"]
+    own = await run_scenario(load_scenario("geo-ring", base), "virtual", log=lambda m: None)
+    sc = load_scenario("geo-ring", [*base, 'geometry.preset="llama-3.1-70b"'])
+    big = await run_scenario(sc, "virtual", log=lambda m: None)
+    assert big.tp.messages_per_token == own.tp.messages_per_token
+    chunk = 128 // 3  # np.array_split of the 128-wide partial: 43, 43, 42 values
+    frame = wire.HEADER.size + wire.STAMP.size
+    assert own.tp.bytes_per_token / own.tp.messages_per_token < frame + 4 * (chunk + 1)
+    assert frame + (chunk * 8192 // 128) * 2 <= big.tp.bytes_per_token / big.tp.messages_per_token \
+        <= frame + ((chunk + 1) * 8192 // 128) * 2
+    assert big.tp.token_ms == pytest.approx(big.tp.predicted_token_ms, rel=1e-6)
+
+
+def test_a_kv_frame_s_padding_is_bounded_by_a_stage_s_share_of_the_geometry():
+    geometry = WireConfig(width=8192, value_bytes=2, own_width=128, kv_layer_bytes=4096, stage_layers=(27, 27, 26))
+    kv = np.zeros((2, 2, 3, 128), np.float32)  # [2, L, T, C] of the computing model
+    data = wire.encode(wire.Frame(wire.Kind.KV, flags=27, tensor=kv), geometry)
+    assert len(data) == wire.HEADER.size + 3 * 27 * 4096  # 3 positions on 27 layers
+    assert wire.decode(data, geometry).tensor.shape == kv.shape
+    with pytest.raises(WireError, match="padding"):  # a sender claiming more layers than any stage holds
+        wire.decode_header(wire.encode(wire.Frame(wire.Kind.KV, flags=28, tensor=kv), dataclasses.replace(
+            geometry, stage_layers=(28,))), geometry)
+    with pytest.raises(WireError, match="padding"):  # padded, to a receiver without the geometry
+        wire.decode_header(data, WireConfig())

@@ -61,6 +61,11 @@ class WireConfig(JsonRecord):
     # A prompt longer than the computing model holds (decode.prompt_tokens past its window): the block at position 0
     # stands for this many more positions than it computes, on the wire and in its cost (the rest are emulated).
     extra_positions: int = 0
+    own_width: int = 0  # the computing model's hidden width, with a geometry: a REDUCE message's share scales from it
+    # Shipped KV (placement.kv = "ship") at the geometry's size: K and V of one position on one of its layers, and
+    # each stage's share of its layers (a KV frame carries its sender's count in its flags; the receiver checks it)
+    kv_layer_bytes: int = 0
+    stage_layers: tuple[int, ...] = ()
 
 
 KV_PLACEMENTS = ("local", "ship")

@@ -196,7 +196,10 @@ def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, mo
         raise ConfigError("an emulated prompt (past the model's window) goes in one block: prefill_chunk must be 0",
                           source=source, key="decode.prefill_chunk")
     if geometry is not None:
-        wire = replace(geometry_wire(wire, geometry, shape.n_embd, source), extra_positions=extra)
+        shares = emulated_split(geometry, stages, head_stage, source)
+        wire = replace(geometry_wire(wire, geometry, shape.n_embd, source), extra_positions=extra,
+                       kv_layer_bytes=2 * geometry.kv_heads * geometry.head_dim * geometry.bytes_per_value,
+                       stage_layers=tuple(share.layers for share in shares))
     return geometry, stages, wire
 
 
@@ -216,4 +219,4 @@ def geometry_wire(wire: WireConfig, geometry: ModelPreset, own_width: int, sourc
         raise ConfigError(f"a hidden state of {geometry.d_model} x {geometry.dtype} is smaller than the computing "
                           f"model's own ({own_width} x f32): frames cannot shrink to it", source=source,
                           key="geometry.d_model")
-    return replace(wire, width=geometry.d_model, value_bytes=geometry.bytes_per_value)
+    return replace(wire, width=geometry.d_model, value_bytes=geometry.bytes_per_value, own_width=own_width)

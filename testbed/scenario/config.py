@@ -112,7 +112,8 @@ _TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "sca
              "parallel", "tp", "spec", "geometry", "hardware"}
 _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
-_WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes", "extra_positions"}  # from [geometry]
+_WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes", "extra_positions", "own_width",
+                                                    "kv_layer_bytes", "stage_layers"}  # derived from [geometry]
 _DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
 
 
