@@ -311,3 +311,19 @@ def test_a_rated_links_serialization_is_physics_not_overhead():
     assert calibration.serialization_s == pytest.approx(3 * serialization_ms / 1e3)
     chosen = choose(rated, calibration, budget_s=1e9)
     assert chosen.lap_ms == pytest.approx((calibration.compute_s + rated.t_ring_s) * 1e3 + 3 * serialization_ms)
+
+
+def test_a_study_row_shows_its_d_and_where_capped_the_error_left():
+    from testbed.studies.base import dilation_cell, dilation_of
+
+    sc = load_scenario("geo-ring")
+    summary = summarize(RunLog(sc))
+    assert dilation_of(summary) == {"dilation": 1.0, "capped_error_pct": None}
+    capped = choose(sc, Calibration(base_ms=(1.0,) * 3, overhead_ms=6.0, compute_s=0.033))
+    row = dilation_of(dataclasses.replace(summary, dilation=capped))
+    assert row == {"dilation": 2.0, "capped_error_pct": capped.expected_error_pct}
+    assert dilation_cell(**{"factor": row["dilation"], "capped_error_pct": row["capped_error_pct"]}) == \
+        f"2 cap {capped.expected_error_pct:+.2f}%"
+    free = choose(sc, Calibration(base_ms=(1.0,) * 3, overhead_ms=6.0, compute_s=0.033), budget_s=1e4)
+    assert dilation_cell(**{"factor": free.factor, "capped_error_pct": dilation_of(
+        dataclasses.replace(summary, dilation=free))["capped_error_pct"]}) == f"{free.factor:g}"

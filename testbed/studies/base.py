@@ -23,6 +23,7 @@ from rich.table import Table
 from netem.select import kinds as shaper_kinds
 from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
+from testbed.core.summary import RunSummary
 from testbed.run.dilation import BUDGET_S, parse_budget, parse_dilation
 from testbed.run.trace import tracing
 
@@ -123,6 +124,20 @@ def budget_arg(text: str) -> float:
         return parse_budget(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--budget-s: ")) from exc
+
+
+def dilation_of(summary: RunSummary) -> dict[str, Any]:
+    """A row's dilation fields from its run: the D it ran at, and where the budget capped D, the error the
+    calibrated overhead leaves at it (testbed.core.summary.DilationSummary.expected_error_pct), else None."""
+    d = summary.dilation
+    capped = d is not None and d.capped and d.expected_error_pct is not None
+    return {"dilation": d.factor if d is not None else 1.0,
+            "capped_error_pct": d.expected_error_pct if capped else None}
+
+
+def dilation_cell(factor: float, capped_error_pct: float | None) -> str:
+    """The D column: "4", or "2 cap -0.41%" where the budget capped it (the error expected from the overhead)."""
+    return f"{factor:g}" + (f" cap {capped_error_pct:+.2f}%" if capped_error_pct is not None else "")
 
 
 def add_trace_option(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.deploy.rules import geometry_table
-from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
+from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, print_tables, write_json
 from testbed.scenario.config import Scenario, scenario_from_dict
 from testbed.scenario.regions import RegionMatrix
 from testbed.core import physics
@@ -47,6 +47,8 @@ class Placement(JsonRecord):
     error_pct: float | None = None
     label: str = ""  # "as given", "best", "worst", "best, head separate"
     head: str = "entry"  # placement.head: "separate" adds the head's agent (and its hop) after the last stage
+    dilation: float | None = None  # measured: the D it ran at
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -137,12 +139,13 @@ def placement(scenario: Scenario, label: str) -> Placement:
 
 def table(title: str, rows: list[Placement]) -> Table:
     out = Table(title=title)
-    for col in ("order", "ring", "T_ring ms", "predicted tok/s", "measured tok/s", "err %"):
+    for col in ("order", "ring", "T_ring ms", "predicted tok/s", "measured tok/s", "err %", "D"):
         out.add_column(col, justify="left" if col == "ring" else "right")
     for p in rows:
         out.add_row(p.label, " -> ".join(p.order) + f" -> {p.order[0]}", f"{p.t_ring_s * 1e3:.1f}",
                     f"{p.predicted_tok_s:.3f}", f"{p.measured_tok_s:.3f}" if p.measured_tok_s else "-",
-                    f"{p.error_pct:+.2f}" if p.error_pct is not None else "-")
+                    f"{p.error_pct:+.2f}" if p.error_pct is not None else "-",
+                    dilation_cell(p.dilation, p.capped_error_pct) if p.dilation is not None else "-")
     return out
 
 
@@ -174,7 +177,8 @@ def run(args: argparse.Namespace, console: Console) -> PlaceResult:
             shaper = summary.shaper
             # predicted with the measured C, as every run reports it
             measured.append(dataclasses.replace(placement(sc, label), predicted_tok_s=summary.predicted_tok_s,
-                                                measured_tok_s=summary.measured_tok_s, error_pct=summary.error_pct))
+                                                measured_tok_s=summary.measured_tok_s, error_pct=summary.error_pct,
+                                                **dilation_of(summary)))
         rows = rows[:1] + measured
     return PlaceResult(scenario.name, shaper, evaluated, median, tuple(rows))
 

@@ -17,7 +17,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
+                                  results_path, write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -40,6 +41,8 @@ class TpRow(JsonRecord):
     tp_bytes_per_token: float  # sent by one rank
     pp_bytes_per_token: float  # over one hop
     same_tokens: bool  # the TP run decoded the PP run's tokens (greedy)
+    dilation: float = 1.0  # the TP run's D
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResul
         row = TpRow(factor, sum(link.delay_ms for link in pp_sc.ring) / len(pp_sc.ring), pp_ms, pp_pred_ms,
                     t.token_ms, t.predicted_token_ms, t.token_ms / pp_ms, t.predicted_token_ms / pp_pred_ms,
                     t.ratio_bound, t.bytes_per_token, sum(h.bytes_per_lap or 0 for h in pp.per_hop) / len(pp.per_hop),
-                    tp.token_ids == pp.token_ids)
+                    tp.token_ids == pp.token_ids, **dilation_of(tp))
         log(f"      PP {pp_ms:.1f} ms (pred {pp_pred_ms:.1f}), TP {t.token_ms:.1f} ms (pred {t.predicted_token_ms:.1f}): "
             f"TP/PP {row.ratio_measured:.2f} (exact {row.ratio_predicted:.2f}, Eq. 8 bound {row.ratio_bound:.2f})")
         rows.append(row)
@@ -91,14 +94,15 @@ def table(result: TpResult) -> Table:
                       f"agents, {result.layers} layers, {result.allreduce} all-reduce, {result.shaper}): per-token "
                       f"latency, measured vs predicted")
     for col in ("links x", "mean link ms", "PP ms meas / pred", "TP ms meas / pred", "TP err %", "TP/PP meas",
-                "TP/PP exact", "4L/N", "TP B/token", "PP B/hop", "same tokens"):
+                "TP/PP exact", "4L/N", "TP B/token", "PP B/hop", "same tokens", "D"):
         out.add_column(col, justify="right")
     for r in result.tp_rows:
         out.add_row(f"{r.hop_scale:g}", f"{r.mean_link_ms:.1f}", f"{r.pp_token_ms:.1f} / {r.pp_predicted_token_ms:.1f}",
                     f"{r.tp_token_ms:.1f} / {r.tp_predicted_token_ms:.1f}",
                     f"{(r.tp_token_ms / r.tp_predicted_token_ms - 1) * 100:+.2f}", f"{r.ratio_measured:.2f}",
                     f"{r.ratio_predicted:.2f}", f"{r.ratio_bound:.2f}", f"{r.tp_bytes_per_token:.0f}",
-                    f"{r.pp_bytes_per_token:.0f}", "yes" if r.same_tokens else "no")
+                    f"{r.pp_bytes_per_token:.0f}", "yes" if r.same_tokens else "no",
+                    dilation_cell(r.dilation, r.capped_error_pct))
     return out
 
 

@@ -19,7 +19,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
+                                  results_path, write_json)
 from testbed.core.decode import CODECS, MAX_TREE
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -46,6 +47,8 @@ class TreeRow(JsonRecord):
     measured_tok_s: float
     predicted_tok_s: float
     error_pct: float
+    dilation: float = 1.0
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], c
                 shaper, t_ring, policy = summary.shaper, sc.t_ring_s, t.policy
                 row = TreeRow(codec, rate, t.n, t.rounds, t.tokens_per_round, t.lap_ms, t.draft_ms, t.compute_ms,
                               t.ring_ms, t.serialization_ms, t.bytes_per_hop, t.measured_tok_s, t.predicted_tok_s,
-                              t.error_pct)
+                              t.error_pct, **dilation_of(summary))
                 log(f"      L {row.tokens_per_round:.2f}, lap {row.lap_ms:.1f} ms, {row.bytes_per_hop:.0f} B/hop, "
                     f"{row.measured_tok_s:.2f} tok/s (pred {row.predicted_tok_s:.2f}, {row.error_pct:+.2f}%)")
                 group.append(row)
@@ -127,13 +130,13 @@ def table(result: TreeSweep) -> Table:
     out = Table(title=f"Tree speculation on {result.scenario} ({result.policy}, T_ring {result.t_ring_s * 1e3:.1f} ms, "
                       f"{result.shaper}): L(n) and tok/s, measured vs physics.tree_rate")
     for col in ("codec", "Mbit/s", "n", "L(n)", "lap ms", "draft ms", "ring ms", "ser. ms", "B/hop",
-                "tok/s meas", "tok/s pred", "err %"):
+                "tok/s meas", "tok/s pred", "err %", "D"):
         out.add_column(col, justify="right")
     for r in result.tree_rows:
         out.add_row(r.codec, f"{r.rate_mbit:g}" if r.rate_mbit else "inf", f"{r.n:g}", f"{r.tokens_per_round:.2f}",
                     f"{r.lap_ms:.1f}", f"{r.draft_ms:.1f}", f"{r.ring_ms:.1f}", f"{r.serialization_ms:.1f}",
                     f"{r.bytes_per_hop:.0f}", f"{r.measured_tok_s:.2f}", f"{r.predicted_tok_s:.2f}",
-                    f"{r.error_pct:+.2f}")
+                    f"{r.error_pct:+.2f}", dilation_cell(r.dilation, r.capped_error_pct))
     notes = []
     for f in result.fits:
         w = (f"; W* predicted {f.w_star_predicted:.0f}, measured "
