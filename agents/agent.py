@@ -29,6 +29,7 @@ import torch
 import trio
 
 from agents.codec import emulated_payload_bytes
+from agents.prompts import prompt_ids
 from agents.ring import RingClient
 from agents.spec import AgentSpec
 from agents.stage import PipelineStage, StagePlan
@@ -184,13 +185,19 @@ async def play_role(spec: AgentSpec, ring: RingClient, plan: StagePlan) -> tuple
         return "finished", None
     if plan.is_entry:
         if spec.warm_windows:
-            await ring.warm(emulated_payload_bytes(spec.decode.prompt_tokens, spec.wire) if spec.wire.width else 0)
+            await ring.warm(prompt_frame_bytes(spec, ring.stage.model))
         await ring.probe()
         tokens = await resolve(spec.runner)(spec.decode, ring).run()
         await ring.shutdown()
         return "done", {"tokens": tokens}
     await ring.serve()
     return "finished", None
+
+
+def prompt_frame_bytes(spec: AgentSpec, model) -> int:
+    """The largest frame a run starts with: its prompt's hidden state (f32, or the emulated geometry's)."""
+    positions = max(spec.decode.prompt_tokens, len(prompt_ids(spec.decode, model)))
+    return emulated_payload_bytes(positions, spec.wire) if spec.wire.width else positions * model.config.n_embd * 4
 
 
 def run_process(spec: AgentSpec, control_fd: int) -> int:

@@ -413,3 +413,16 @@ def test_a_kv_frame_s_padding_is_bounded_by_a_stage_s_share_of_the_geometry():
             geometry, stage_layers=(28,))), geometry)
     with pytest.raises(WireError, match="padding"):  # padded, to a receiver without the geometry
         wire.decode_header(data, WireConfig())
+
+
+def test_the_warm_up_frame_is_the_prompt_s_hidden_state_on_the_wire():
+    from agents.agent import prompt_frame_bytes
+    from agents.shared import shared_model
+    from agents.spec import AgentSpec
+
+    model = shared_model("target", (0, 0, True))
+    for overrides, expected in ((["decode.prompt_tokens=240"], 240 * 128 * 4),  # the byte model's own: 120 KiB
+                                (['geometry.preset="seed-700b"', "decode.prompt_tokens=2048"], 2048 * 32768)):
+        sc = load_scenario("geo-ring", overrides)
+        spec = AgentSpec(0, 3, "a", 0, 2, 0.0, sc.decode, "x:y", wire=sc.wire)
+        assert prompt_frame_bytes(spec, model) == expected
