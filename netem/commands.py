@@ -78,8 +78,9 @@ def network_commands(plan: NetworkPlan) -> list[str]:
                     offloads = " ".join(f"{feature} off" for feature in OFFLOADS_OFF)
                     lines.append(_in(ns.name, f"ethtool -K {ifname} {offloads}"))
     for q in plan.qdiscs:
-        why = "  # link {}{}".format(q.link.name, ": rate only keeps jittered packets in order"
-                                      if q.rate_is_fifo_only else "")
+        why = "  # link {}{}".format(q.link.name, ": rate only keeps jittered packets in order" if q.rate_is_fifo_only
+                                      else f": {q.link.rate_mbit:g} Mbit/s of payload, headers on top"
+                                      if q.rate_bytes_s else "")
         lines.append(_in(q.namespace, f"tc qdisc add dev {q.ifname} root handle {_handle(q.handle)} netem "
                                       f"{netem_arguments(q)}") + why)
     return lines

@@ -80,6 +80,12 @@ LIMIT_HEADROOM = 1.5
 JITTER_TAIL_SIGMAS = 4.0  # the normal table reaches about 3.9 sigma
 UNLIMITED_ASSUMED_MBIT = 10_000.0  # packets/s assumed for limit sizing when a link has no rate
 FIFO_RATE_MBIT = 100_000.0  # rate given to jittered unlimited links, only to keep netem FIFO
+# A link's rate is payload goodput, as the relay and the virtual backend shape it and every prediction counts it;
+# netem's counts each packet whole: Ethernet, IPv4 and TCP headers with timestamps (14 + 20 + 32 bytes) on at most
+# MTU - 52 bytes of payload. The qdisc gets the rate that leaves the configured one to a full segment's payload.
+WIRE_HEADER_BYTES = 66
+SEGMENT_PAYLOAD_BYTES = MTU_BYTES - 52
+HEADER_RATE_FACTOR = (SEGMENT_PAYLOAD_BYTES + WIRE_HEADER_BYTES) / SEGMENT_PAYLOAD_BYTES
 MAX_DELAY_MS = 60_000.0
 MAX_RATE_MBIT = 1_000_000.0
 
@@ -293,7 +299,7 @@ def validate(links: list[LinkSpec], n_stages: int) -> None:
 def plan_netem(link: LinkSpec, namespace: str, ifname: str) -> NetemPlan:
     """The root netem qdisc for one directed link (see the module docstring for the choices)."""
     if link.rate_mbit > 0:
-        rate_bytes_s, fifo_only = round(link.rate_mbit * BYTES_PER_MBIT), False
+        rate_bytes_s, fifo_only = round(link.rate_mbit * BYTES_PER_MBIT * HEADER_RATE_FACTOR), False
     elif link.jitter_ms > 0:
         rate_bytes_s, fifo_only = round(FIFO_RATE_MBIT * BYTES_PER_MBIT), True
     else:

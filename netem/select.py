@@ -130,5 +130,6 @@ def plan_lines(kind: str, links: list[LinkSpec], n_stages: int, run_id: str,
         shaper = choose_shaper(kind, links, n_stages, run_id, options=options, probe_fn=probe_fn)
     warm = (["# TCP: every link a warm long-haul connection (initcwnd/initrwnd and socket buffers below hold a 64 MiB "
              "frame); the entry sends one prompt-sized frame around before the first lap, since Linux caps a fresh "
-             "connection's first receive window at 64 KiB"] if shaper.warm_windows else [])
+             "connection's first receive window at 64 KiB; a rate is the payload's, netem's set above it by each "
+             "full segment's 66 header bytes"] if shaper.warm_windows else [])
     return shaper.name, [f"# backend {shaper.name}: {shaper.reason}", *warm, *shaper.plan_lines()]

@@ -49,7 +49,7 @@ def test_plan_builds_one_class_leaf_and_filter_per_peer():
     first, second = plan.peers
     assert first.netem.latency_ns == 40_000_000 and first.netem.rate_bytes_s == 0
     assert second.netem.jitter_ns == 1_000_000 and second.netem.distribution == "normal"
-    assert second.netem.rate_bytes_s == 12_500_000 and second.netem.loss_pct == 0.5 and second.netem.seed == 3
+    assert second.netem.rate_bytes_s == round(12_500_000 * 1514 / 1448) and second.netem.loss_pct == 0.5 and second.netem.seed == 3
     assert plan.describe() == ["eth0: 10.0.0.2:4567 delay 40ms jitter 0ms loss 0% rate unlimited",
                                "eth0: 10.0.0.3:4567 delay 5ms jitter 1ms loss 0.5% rate 100mbit"]
     assert plan.peer(("10.0.0.3", 4567)) is second and plan.peer("10.0.0.2") is first

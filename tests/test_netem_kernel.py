@@ -33,7 +33,7 @@ from netem.clean import clean
 from netem.kernel import KernelShaper
 from netem.netlink import read_links, read_qdisc, read_routes
 from netem.nsutil import in_namespace, read_offloads, read_sysctl
-from netem.plan import INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
+from netem.plan import HEADER_RATE_FACTOR, INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
 from testbed.core.errors import ShapingError
 
 pytestmark = [pytest.mark.netem, pytest.mark.usefixtures("netem_capable")]
@@ -97,8 +97,8 @@ async def test_qdiscs_read_back_match_the_config():
             assert got["jitter_ns"] == round(link.jitter_ms * 1e6)
             assert got["loss_pct"] == pytest.approx(link.loss_pct, abs=1e-6)
             assert got["limit"] == q.limit_packets >= 1000
-            if link.rate_mbit:
-                assert got["rate_mbit"] == pytest.approx(link.rate_mbit)
+            if link.rate_mbit:  # the payload's rate, and each full segment's headers on top (netem.plan)
+                assert got["rate_mbit"] == pytest.approx(link.rate_mbit * HEADER_RATE_FACTOR, rel=1e-6)
             elif link.jitter_ms:
                 assert got["rate_mbit"] == pytest.approx(100_000.0)  # FIFO-only rate (RATE64)
             else:

@@ -142,15 +142,16 @@ def test_rate_handling():
              LinkSpec(1, 2, 10.0, jitter_ms=2.0), LinkSpec(2, 1, 10.0, rate_mbit=40_000.0)]
     plan = plan_network(links, 3, "abcdef00")
     shaped = plan.qdisc(0, 1)
-    assert shaped.rate_bytes_s == 12_500_000 and not shaped.rate_is_fifo_only
-    assert shaped.pyroute2_parameters()["rate"] == 12_500_000
+    # 100 Mbit/s of payload: netem counts each full segment's 66 header bytes on its 1,448 too
+    assert shaped.rate_bytes_s == round(12_500_000 * 1514 / 1448) and not shaped.rate_is_fifo_only
+    assert shaped.pyroute2_parameters()["rate"] == shaped.rate_bytes_s
     unshaped = plan.qdisc(1, 0)
     assert unshaped.rate_bytes_s == 0 and "rate" not in unshaped.pyroute2_parameters()
     jittered = plan.qdisc(1, 2)  # unlimited but jittered: a huge rate only to keep netem FIFO
     assert jittered.rate_is_fifo_only and jittered.rate_bytes_s == round(FIFO_RATE_MBIT * 1e6 / 8)
     assert jittered.distribution == "normal" and jittered.jitter_ns == 2_000_000
     fast = plan.qdisc(2, 1)  # above 32 bits of bytes/s: the u32 field saturates, RATE64 carries it
-    assert fast.rate_bytes_s == 5_000_000_000 and fast.pyroute2_parameters()["rate"] == 0xFFFFFFFF
+    assert fast.rate_bytes_s == round(5_000_000_000 * 1514 / 1448) and fast.pyroute2_parameters()["rate"] == 0xFFFFFFFF
 
 
 def test_loss_and_seed_carried():
@@ -239,7 +240,8 @@ def test_netem_plan_lines_are_tc_commands_with_microseconds_prefix_and_limit():
         assert f"limit {q.limit_packets}" in line
     jittered = plan.qdisc(1, 2)
     (line,) = [l for l in qdisc_lines if f" dev {jittered.ifname} " in l]
-    assert "delay 20000us 2000us distribution normal loss 1% rate 100mbit" in line
+    assert "delay 20000us 2000us distribution normal loss 1% rate 104.558mbit" in line  # 100 of payload
+    assert line.endswith("# link 1->2: 100 Mbit/s of payload, headers on top")
 
 
 def test_netem_plan_lines_need_no_root_and_touch_nothing():
