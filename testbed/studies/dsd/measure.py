@@ -22,7 +22,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
+                                  results_path, write_json)
 from testbed.core import physics
 from testbed.core.decode import MAX_CLIENTS
 from testbed.core.records import JsonRecord
@@ -64,6 +65,8 @@ class DsdRow(JsonRecord):
     draft_ms_per_token: float
     verify_ms: float
     hit_rate: float
+    dilation: float = 1.0
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class CapacityRow(JsonRecord):
     batch_mean: float
     verify_ms: float  # t_v as the run measured it (a batched pass's, with batching: the referee's point)
     per_client_tok_s: float
+    dilation: float = 1.0
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class JitterRow(JsonRecord):
     draft_ms_per_token: float
     verify_ms: float
     round_ms: float
+    dilation: float = 1.0
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -141,12 +148,13 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
     rows = []
     for rtt in rtts:
         edge = ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtt}"]
-        sync = (await run(f"RTT {rtt:g} ms: synchronous DSD", edge)).dsd
+        sync_run = await run(f"RTT {rtt:g} ms: synchronous DSD", edge)
+        sync = sync_run.dsd
         pipe = (await run(f"RTT {rtt:g} ms: pipelined DSD", edge + ["spec.pipelined=true"])).dsd
         rows.append(DsdRow(rtt, *(x * 1e3 for x in colocated_request(colocated, rtt / 1e3)), sync.request_ms,
                            sync.predicted_request_ms, pipe.request_ms, pipe.predicted_request_ms,
                            *(x * 1e3 for x in autoregressive_request(plain, rtt / 1e3)), sync.alpha_hat,
-                           sync.draft_ms_per_token, sync.verify_ms, pipe.hit_rate))
+                           sync.draft_ms_per_token, sync.verify_ms, pipe.hit_rate, **dilation_of(sync_run)))
         log(f"      co-located {rows[-1].colocated_ms:.0f}, sync {sync.request_ms:.0f} (pred "
             f"{sync.predicted_request_ms:.0f}), pipelined {pipe.request_ms:.0f} (pred {pipe.predicted_request_ms:.0f}) ms")
     t_d, t_v = rows[0].draft_ms_per_token / 1e3, rows[0].verify_ms / 1e3
@@ -154,19 +162,21 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
     capacity = []
     runs = [(e, "none") for e in clients] + ([(max(clients), "continuous")] if clients else [])
     for e, batching in runs:
-        summary = (await run(f"capacity: {e} edge clients, batching {batching}",
-                             ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtts[0]}",
-                              f"spec.clients={e}", f"decode.batching={batching}"])).dsd
+        whole = await run(f"capacity: {e} edge clients, batching {batching}",
+                          ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtts[0]}",
+                           f"spec.clients={e}", f"decode.batching={batching}"])
+        summary = whole.dsd
         capacity.append(CapacityRow(e, batching, summary.aggregate_tok_s, summary.predicted_aggregate_tok_s,
                                     summary.server_busy, summary.batch_mean, summary.verify_ms,
-                                    summary.aggregate_tok_s / e))
+                                    summary.aggregate_tok_s / e, **dilation_of(whole)))
     jitter = []
     for j in jitters:
-        d = (await run(f"RTT {rtts[-1]:g} ms, jitter {j:g} ms: synchronous DSD",
-                       ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtts[-1]}",
-                        f"spec.jitter_ms={j}"])).dsd
+        whole = await run(f"RTT {rtts[-1]:g} ms, jitter {j:g} ms: synchronous DSD",
+                          ["decode.mode=speculative", "spec.placement=edge", f"spec.rtt_ms={rtts[-1]}",
+                           f"spec.jitter_ms={j}"])
+        d = whole.dsd
         jitter.append(JitterRow(rtts[-1], j, d.request_ms, d.predicted_request_ms, d.error_pct, d.alpha_hat,
-                                d.draft_ms_per_token, d.verify_ms, d.round_ms))
+                                d.draft_ms_per_token, d.verify_ms, d.round_ms, **dilation_of(whole)))
     colocated_rate = colocated.spec.measured_tok_s
     plain_rows = [c for c in capacity if c.batching == "none"]
     best = max((c.aggregate_tok_s for c in plain_rows), default=None)
@@ -186,14 +196,15 @@ def tables(result: DsdResult) -> list[Table]:
     latency = Table(title=f"{result.scenario}: one request of {result.tokens} tokens (K = {result.k}), ms, "
                           f"measured / predicted ({result.shaper})")
     for col in ("RTT ms", "co-located SD", "sync DSD", "pipelined DSD", "cloud AR", "alpha-hat", "t_d ms", "t_v ms",
-                "hit rate"):
+                "hit rate", "D (sync)"):
         latency.add_column(col, justify="right")
     for r in result.dsd_rows:
         latency.add_row(f"{r.rtt_ms:g}", f"{r.colocated_ms:.0f} / {r.colocated_predicted_ms:.0f}",
                         f"{r.sync_ms:.0f} / {r.sync_predicted_ms:.0f}", f"{r.pipelined_ms:.0f} / "
                         f"{r.pipelined_predicted_ms:.0f}", f"{r.autoregressive_ms:.0f} / "
                         f"{r.autoregressive_predicted_ms:.0f}", f"{r.alpha_hat:.3f}" if r.alpha_hat is not None else "-",
-                        f"{r.draft_ms_per_token:.2f}", f"{r.verify_ms:.2f}", f"{r.hit_rate:.2f}")
+                        f"{r.draft_ms_per_token:.2f}", f"{r.verify_ms:.2f}", f"{r.hit_rate:.2f}",
+                        dilation_cell(r.dilation, r.capped_error_pct))
     measured = f"{result.crossover_rtt_ms:.1f} ms" if result.crossover_rtt_ms is not None else "not on the grid"
     ar = f"{result.ar_crossover_rtt_ms:.1f} ms" if result.ar_crossover_rtt_ms is not None else "not on the grid"
     latency.caption = (f"pipelined DSD beats co-located SD below RTT {measured} measured, "
@@ -201,11 +212,13 @@ def tables(result: DsdResult) -> list[Table]:
                        f"{ar} measured, {result.ar_crossover_predicted_rtt_ms:.1f} ms predicted (negative: never)")
     capacity = Table(title=f"Capacity: the server verifying only, edge clients drafting (co-located server: "
                            f"{result.colocated_tok_s:.1f} tok/s)")
-    for col in ("clients", "batching", "aggregate tok/s", "predicted", "per client", "server busy", "batch", "t_v ms"):
+    for col in ("clients", "batching", "aggregate tok/s", "predicted", "per client", "server busy", "batch", "t_v ms",
+                "D"):
         capacity.add_column(col, justify="right")
     for c in result.capacity:
         capacity.add_row(str(c.clients), c.batching, f"{c.aggregate_tok_s:.1f}", f"{c.predicted_aggregate_tok_s:.1f}",
-                         f"{c.per_client_tok_s:.1f}", f"{c.server_busy:.0%}", f"{c.batch_mean:.2f}", f"{c.verify_ms:.1f}")
+                         f"{c.per_client_tok_s:.1f}", f"{c.server_busy:.0%}", f"{c.batch_mean:.2f}",
+                         f"{c.verify_ms:.1f}", dilation_cell(c.dilation, c.capped_error_pct))
     if result.multiplier_measured is not None:
         capacity.caption = (f"multiplier: {result.multiplier_measured:.2f} measured, 1 + K t_d / t_v = "
                             f"{result.multiplier_predicted:.2f}; at {result.target_tok_s:.1f} tok/s a client the server "
@@ -213,14 +226,15 @@ def tables(result: DsdResult) -> list[Table]:
                             f"with the drafts offloaded (of those measured)")
     jitter = Table(title="The referee's question: do the fixed-parameter forms hold on a jittery edge link? "
                          "(synchronous DSD)")
-    for col in ("RTT ms", "jitter ms", "request ms meas / pred", "err %", "round ms", "alpha-hat", "t_d ms", "t_v ms"):
+    for col in ("RTT ms", "jitter ms", "request ms meas / pred", "err %", "round ms", "alpha-hat", "t_d ms", "t_v ms",
+                "D"):
         jitter.add_column(col, justify="right")
     for j in result.jitter:
         flag = " (off)" if abs(j.error_pct) > 5 else ""
         jitter.add_row(f"{j.rtt_ms:g}", f"{j.jitter_ms:g}", f"{j.request_ms:.0f} / {j.predicted_request_ms:.0f}",
                        f"{j.error_pct:+.2f}{flag}", f"{j.round_ms:.1f}",
                        f"{j.alpha_hat:.3f}" if j.alpha_hat is not None else "-", f"{j.draft_ms_per_token:.2f}",
-                       f"{j.verify_ms:.2f}")
+                       f"{j.verify_ms:.2f}", dilation_cell(j.dilation, j.capped_error_pct))
     return [latency, capacity] + ([jitter] if result.jitter else [])
 
 
