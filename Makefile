@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RESULTS := results
 PYTEST_ARGS ?=
+# the exact tier is simulated time, CPU only: one pytest worker per core (pytest-xdist); the real-time tiers run alone
+EXACT_ARGS ?= -n auto --maxprocesses 8
 
 .PHONY: all setup system-deps geo-ring test test-exact test-fidelity test-fast test-netem bench sweep report clean-net clean
 
@@ -34,12 +36,12 @@ geo-ring: $(STAMP)
 # loud skip).
 test: $(STAMP)
 	$(PY) -m agents.train
-	$(PY) -m pytest -m exact $(PYTEST_ARGS)
+	$(PY) -m pytest -m exact $(EXACT_ARGS) $(PYTEST_ARGS)
 	$(PY) -m pytest -m fidelity $(PYTEST_ARGS)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 
 test-exact: $(STAMP)
-	$(PY) -m pytest -m exact $(PYTEST_ARGS)
+	$(PY) -m pytest -m exact $(EXACT_ARGS) $(PYTEST_ARGS)
 
 test-fidelity: $(STAMP)
 	$(PY) -m pytest -m fidelity $(PYTEST_ARGS)

@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
             raise
         for e in leaves:
-            console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)  # it quotes user input
+            # one line each, at any terminal width (users and tests grep them); it quotes user input: escaped
+            console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2 if all(isinstance(e, ConfigError) for e in leaves) else 1
 

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from agents import wire
 from agents.prompts import synthetic
-from testbed.studies.base import ensure_models_on, make_scenario, print_tables, write_json
+from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, print_tables, write_json
 from testbed.scenario.config import Scenario
 from testbed.core.decode import WireConfig
 from testbed.studies.codecs.result import CodecRow
@@ -96,7 +96,7 @@ def quality(scenario: Scenario, codecs: tuple[WireConfig, ...]) -> dict[str, tup
     return out
 
 
-def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace) -> tuple[float, float, int]:
+def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace) -> dict:
     from testbed.run.launcher import run_scenario
 
     overrides = list(args.overrides) + [f'wire.codec="{codec.codec}"', f"wire.block={codec.block}",
@@ -106,7 +106,8 @@ def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace
     summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
                                             budget_s=args.budget_s))
     t = summary.ttft
-    return t.measured_s, t.predicted_s, t.bytes_per_hop
+    return {"ttft_measured_s": t.measured_s, "ttft_predicted_s": t.predicted_s, "bytes_per_hop": t.bytes_per_hop,
+            **dilation_of(summary)}
 
 
 def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list[CodecRow]:
@@ -126,26 +127,27 @@ def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list
         prompt_bytes, encode_us, decode_us = frame_timing_us(prompt, codec)
         f32_bytes = f32_bytes or prompt_bytes
         agree, kl, alpha = figures[label(codec)]
-        ttft = (None, None, None)
+        ttft = {}
         if args.measure:
             console.print(f"measuring TTFT of a {PROMPT_TOKENS}-token prompt at {SLOW_RATE_MBIT:g} Mbit/s, {label(codec)}...")
             ttft = measure_ttft(scenario_name, codec, args)
         out.append(CodecRow(codec.codec, codec.block, token_bytes, prompt_bytes, prompt_bytes / f32_bytes, encode_us,
-                            decode_us, agree, kl, alpha, *ttft))
+                            decode_us, agree, kl, alpha, **ttft))
     return out
 
 
 def table(rows_: list[CodecRow], scenario: str) -> Table:
     out = Table(title=f"Wire codecs on {scenario}: bytes, time, and what the model sees (teacher-forced, every hop)")
     for col in ("codec", "1-token frame B", f"{PROMPT_TOKENS}-token frame B", "vs f32", "encode us", "decode us",
-                "greedy agree", "KL nats", "alpha-hat", f"TTFT @{SLOW_RATE_MBIT:g} Mbit/s meas / pred"):
+                "greedy agree", "KL nats", "alpha-hat", f"TTFT @{SLOW_RATE_MBIT:g} Mbit/s meas / pred", "D"):
         out.add_column(col, justify="right")
     for r in rows_:
         ttft = (f"{r.ttft_measured_s * 1e3:.1f} / {r.ttft_predicted_s * 1e3:.1f} ms"
                 if r.ttft_measured_s is not None else "-")
         out.add_row(f"{r.codec}" + (f" (block {r.block})" if r.codec == "int8-block" else ""), str(r.token_frame_bytes),
                     str(r.prompt_frame_bytes), f"{r.ratio_to_f32:.3f}", f"{r.encode_us:.0f}", f"{r.decode_us:.0f}",
-                    f"{r.greedy_agreement:.4f}", f"{r.kl_nats:.2e}", f"{r.alpha_hat:.4f}", ttft)
+                    f"{r.greedy_agreement:.4f}", f"{r.kl_nats:.2e}", f"{r.alpha_hat:.4f}", ttft,
+                    dilation_cell(r.dilation, r.capped_error_pct) if r.dilation is not None else "-")
     return out
 
 

@@ -22,3 +22,5 @@ class CodecRow(JsonRecord):
     ttft_measured_s: float | None = None
     ttft_predicted_s: float | None = None
     bytes_per_hop: int | None = None
+    dilation: float | None = None  # the TTFT run's D (with --measure)
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)

@@ -31,7 +31,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
+                                   results_path, write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.records import JsonRecord
 from testbed.scenario.validate import listed
@@ -65,6 +66,8 @@ class FaultRow(JsonRecord):
     model_penalty_ms: float = 0.0  # loss: the relay's model of it, N p RTO
     per_loss_ms: float = 0.0  # loss: mean time a lost hop took over its delay (what one loss cost)
     kernel: KernelTcp | None = None  # netem: what the kernel's TCP did, summed over the agents' namespaces
+    dilation: float = 1.0  # the row's D
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves (base.dilation_of)
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,7 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
                                  realized * 1e3 if fault == "loss" else mean * 1e3,
                                  (float(laps.mean()) - clean_lap_s) * 1e3 if fault == "loss" and clean_lap_s else 0.0,
                                  len(hops) * value / 100 * rto_s * 1e3 if fault == "loss" else 0.0,
-                                 float(np.mean(over)) * 1e3 if over else 0.0, kernel))
+                                 float(np.mean(over)) * 1e3 if over else 0.0, kernel, **dilation_of(summary)))
             r = rows[-1]
             log(f"      lap {r.lap_ms:.1f} ms (predicted {r.predicted_ms:.1f}), p99 {r.lap_ms_p99:.1f} "
                 f"({r.predicted_ms_p99:.1f}), output {'identical' if r.same_output else 'DIFFERENT'}"
@@ -274,7 +277,7 @@ def table(result: FaultsResult) -> Table:
     for col in ("fault", "laps", "mean lap ms meas / pred", "err %", "p99 lap ms meas / pred", "hops lost %",
                 "pred. with that", "err % with that",
                 *(("loss penalty/lap ms meas / relay model", "ms per loss") if kernel else ()),
-                "output"):
+                "output", "D"):
         out.add_column(col, justify="right")
     notes = []
     for r in result.fault_rows:
@@ -286,7 +289,7 @@ def table(result: FaultsResult) -> Table:
                     f"{r.predicted_lost_ms:.1f}" if loss else "",
                     f"{(r.lap_ms / r.predicted_lost_ms - 1) * 100:+.2f}" if loss and r.predicted_lost_ms else "",
                     *(penalty if kernel else ()),
-                    "identical" if r.same_output else "DIFFERENT")
+                    "identical" if r.same_output else "DIFFERENT", dilation_cell(r.dilation, r.capped_error_pct))
         if kernel and loss:
             notes.append(f"{label}: {explain(r, result.rto_ms, result.n_hops)}")
     out.caption = ("loss: the model with the configured p (err %), and with the share of hops that did take a "

@@ -17,7 +17,7 @@ from rich.table import Table
 from testbed.scenario.config import Scenario, parse_k_range
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
-from testbed.studies.base import ensure_models_on, make_scenario, write_json
+from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, write_json
 
 TABLE3_KS = (4, 8, 16)
 
@@ -50,7 +50,7 @@ def per_k_table(summary: RunSummary) -> Table:
     spec = summary.spec
     table = Table(title=f"{summary.scenario}: alpha_hat = {spec.alpha:.3f} ({spec.draft} draft), "
                         f"c_d = {spec.draft_per_token_s * 1e3:.2f} ms, C = {spec.verify_compute_s * 1e3:.2f} ms, "
-                        f"T_ring = {summary.t_ring_s * 1e3:.1f} ms")
+                        f"T_ring = {summary.t_ring_s * 1e3:.1f} ms, D = {sweep_dilation(summary)}")
     for col in ("K", "rounds", "Gamma meas", "Gamma(a,K)", "tok/s meas", "tok/s pred", "err %", "formula tok/s"):
         table.add_column(col, justify="right")
     for row in spec.per_k or ():
@@ -63,6 +63,12 @@ def per_k_table(summary: RunSummary) -> Table:
     return table
 
 
+def sweep_dilation(summary: RunSummary) -> str:
+    """The D a sweep ran at (every K of it: one run), and where the budget capped it the error it leaves."""
+    d = dilation_of(summary)
+    return dilation_cell(d["dilation"], d["capped_error_pct"])
+
+
 def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
     table = Table(title=f"Seed 000 Table 3, measured (time scale {scale}): measured / predicted")
     table.add_column("alpha", justify="right")
@@ -70,6 +76,7 @@ def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
         table.add_column(f"K={k} Gamma", justify="right")
         table.add_column(f"K={k} tok/s", justify="right")
     table.add_column("best tok/s (K*)", justify="right")
+    table.add_column("D", justify="right")
     for alpha, summary in results:
         spec = summary.spec
         rows = {row.k: row for row in spec.per_k or ()}
@@ -81,7 +88,7 @@ def table3(results: list[tuple[float, RunSummary]], scale: float) -> Table:
         best_meas = rows[spec.k_star_measured].measured_tok_s
         best_pred = rows[spec.k_star_predicted].formula_tok_s
         cells.append(f"{best_meas:.1f} (K={spec.k_star_measured}) / {best_pred:.1f} (K={spec.k_star_predicted})")
-        table.add_row(f"{alpha:.2f}", *cells)
+        table.add_row(f"{alpha:.2f}", *cells, sweep_dilation(summary))
     return table
 
 
