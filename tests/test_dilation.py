@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -17,6 +18,7 @@ from testbed.scenario.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
+from testbed.run.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
 from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_from, calibration_scenario, choose, parse_budget, parse_dilation, resolve)
 from testbed.run.runlog import RunLog
@@ -204,6 +206,48 @@ def test_resolve_skips_the_calibration_when_the_budget_allows_no_dilation():
 
     chosen = trio.run(lambda: resolve(sc, "auto", compensate=False, run=must_not_run, log=lambda m: None))
     assert chosen.factor == 1.0 and chosen.requested == "auto" and "budget" in chosen.reason
+
+
+def _ran(wall_s: float, factor: float):
+    """What StudyBudget.charge reads of a finished run: its decode wall (scenario time) and its D."""
+    return SimpleNamespace(wall_s=wall_s, dilation=SimpleNamespace(factor=factor))
+
+
+def test_a_study_shares_one_budget_over_the_runs_it_plans():
+    assert run_budget(7.0, None)[:2] == (7.0, None)  # outside a study: what the run was given
+    with study_budget(120.0) as budget:
+        plan_runs(4)
+        share, cache, counted = run_budget(7.0, None)
+        assert share == 30.0 and cache is budget.calibrations  # 120 s over 4 runs; one calibration cache for all
+        counted(_ran(10.0, 3.0))  # 10 s of scenario time at D = 3: 30 s of the box's
+        assert budget.spent_s == 30.0 and budget.planned == 3 and budget.runs == 1
+        counted(_ran(2.0, 5.0))  # a run that took less leaves more to the rest
+        assert run_budget(7.0, None)[0] == pytest.approx((120.0 - 40.0) / 2)
+        own: dict = {}
+        assert run_budget(7.0, own)[1] is own  # a cache the caller gives is kept
+        counted(_ran(100.0, 1.0))
+        assert run_budget(7.0, None)[0] == MIN_SHARE_S  # spent: D = 1 from here on, and each run says so
+    with study_budget(100.0) as budget:
+        assert run_budget(7.0, None)[0] == 100.0  # a study that plans nothing: one run at a time, all that is left
+        budget.spent_s = 90.0
+        assert run_budget(7.0, None)[0] == pytest.approx(10.0)
+    assert run_budget(7.0, None)[:2] == (7.0, None)  # and nothing is left open after the block
+
+
+def test_every_study_runs_inside_one_budget_and_a_run_keeps_its_own():
+    from testbed.cli import build_parser
+    from testbed.studies import STUDIES
+    from testbed.studies.base import Study
+
+    assert build_parser().parse_args(["run", "geo-ring"]).budget_s == BUDGET_S
+    for study in STUDIES.values():
+        if study.scenario:
+            assert study.parser().parse_args(["geo-ring"]).budget_s == STUDY_BUDGET_S, study.name
+    seen = []
+    probe = Study("probe", "a study that looks at its budget", lambda parser: None,
+                  lambda args, console: seen.append(run_budget(7.0, None)[0]), lambda result, args, console: None)
+    probe.measure(probe.parser().parse_args(["geo-ring", "--budget-s", "12"]), console=None)
+    assert seen == [12.0]
 
 
 # --- real rings (slow) -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -54,3 +55,9 @@ class LineReader:
         if line is None:
             raise StopAsyncIteration
         return line
+
+
+async def read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
+    """Call on_line with every line of `stream` (decoded, undecodable bytes replaced) until EOF."""
+    async for line in LineReader(stream):
+        on_line(line.decode("utf-8", "replace"))

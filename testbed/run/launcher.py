@@ -18,11 +18,12 @@ from agents.forkserver.client import ForkServer
 from netem.base import Shaper
 from testbed.core.process import stop_process
 from testbed.scenario.config import Scenario
-from testbed.core.channel import LineReader, encode_line
+from testbed.core.channel import encode_line, read_lines
 from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
 from testbed.core.records import LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
+from testbed.run.budget import run_budget
 from testbed.run.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
 from testbed.run.runlog import RunLog
 from testbed.run.summarize import self_check, summarize
@@ -52,11 +53,6 @@ class AgentHandle:
         errors = [line for line in lines if EXCEPTION_LINE.match(line)]
         last = errors[-1] if errors else (lines[-1] if lines else None)
         return f"{default}; last output: {last}" if last else default
-
-
-async def _read_lines(stream: trio.abc.ReceiveStream, on_line: Callable[[str], None]) -> None:
-    async for line in LineReader(stream):
-        on_line(line.decode("utf-8", "replace"))
 
 
 class Launcher:
@@ -180,8 +176,8 @@ class Launcher:
 
         async def supervise() -> None:
             async with trio.open_nursery() as inner:
-                inner.start_soon(_read_lines, handle.control, on_control)
-                inner.start_soon(_read_lines, process.stderr, on_stderr)
+                inner.start_soon(read_lines, handle.control, on_control)
+                inner.start_soon(read_lines, process.stderr, on_stderr)
                 status = await process.wait()
             ended = "exit" if not handle.finished or status != 0 else "exited"  # "exited": a normal end
             await self.events_send.send((handle.stage, {"event": ended, "status": status}))
@@ -391,10 +387,12 @@ async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog:
                        log: Callable[[str], None] | None = None, echo_agent_stderr: bool = False,
                        dilation: float | str = 1.0, compensate: bool = False,
                        calibrations: dict | None = None, budget_s: float = BUDGET_S) -> RunSummary:
-    """Choose the shaper (and the dilation) and run one scenario (testbed.api.run wraps this)."""
+    """Choose the shaper (and the dilation) and run one scenario (testbed.api.run wraps this); inside a study's
+    budget (testbed.run.budget) its share of it and the study's calibrations."""
     log = log or (lambda message: print(message, file=sys.stderr))
+    budget_s, calibrations, counted = run_budget(budget_s, calibrations)
     shaper, chosen = await prepare(scenario, shaper_kind, dilation=dilation, compensate=compensate, log=log,
                                    echo_agent_stderr=echo_agent_stderr, calibrations=calibrations, budget_s=budget_s)
     launcher = Launcher(scenario, shaper, runlog or RunLog(scenario), log=log, echo_agent_stderr=echo_agent_stderr,
                         dilation=chosen)
-    return await launcher.run()
+    return counted(await launcher.run())

@@ -12,6 +12,7 @@ naming the source and the key), writes its section and draws its figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from netem.select import kinds as shaper_kinds
 from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
+from testbed.run.budget import STUDY_BUDGET_S, plan_runs, study_budget  # noqa: F401 - plan_runs: for the studies
 from testbed.run.dilation import BUDGET_S, parse_budget, parse_dilation
 from testbed.run.trace import tracing
 
@@ -70,15 +72,17 @@ class Study:
         """Its options on `parser` (a fresh one named after the study if None)."""
         parser = parser or argparse.ArgumentParser(prog=f"python -m testbed {self.name}", description=self.help)
         if self.scenario:
-            add_run_options(parser)
+            add_run_options(parser, study=True)
             add_trace_option(parser)
         self.options(parser)
         parser.set_defaults(**dict(self.defaults))
         return parser
 
     def measure(self, args: argparse.Namespace, console: Console) -> Any:
-        """run(args, console), every run's laps in the --trace timeline when one is asked for."""
-        with tracing(getattr(args, "trace", None)):
+        """run(args, console), every run's laps in the --trace timeline when one is asked for, and every run's auto
+        dilation from one budget (--budget-s) and one calibration per stages and links (testbed.run.budget)."""
+        budget = getattr(args, "budget_s", None)
+        with tracing(getattr(args, "trace", None)), (study_budget(budget) if budget else contextlib.nullcontext()):
             return self.run(args, console)
 
     def main(self, args: argparse.Namespace, console: Console) -> int:
@@ -95,8 +99,9 @@ def dilation_arg(text: str) -> float | str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--dilation: ")) from exc
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that runs a scenario: which, on what, with which overrides."""
+def add_run_options(parser: argparse.ArgumentParser, *, study: bool = False) -> None:
+    """The options of every command that runs a scenario: which, on what, with which overrides (a study's budget
+    is its runs' together)."""
     parser.add_argument("scenario", help=f"built-in name ({', '.join(builtin_names())}) or a TOML file")
     parser.add_argument("--shaper", choices=shaper_kinds(), default="auto",
                         help="network shaping backend (default: auto = netem where the kernel has it; virtual = "
@@ -108,12 +113,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="run every delay and compute D times slower, report in the scenario's time (default "
                              "auto: calibrate, then the smallest D that makes the testbed's overhead ~0.3%% of a "
                              "lap, within a run-time budget; 1 = off)")
-    add_budget_option(parser)
+    add_budget_option(parser, study=study)
     parser.add_argument("--compensate", action="store_true",
                         help="subtract each hop's calibrated base latency from its delay (base-path compensation)")
 
 
-def add_budget_option(parser: argparse.ArgumentParser) -> None:
+def add_budget_option(parser: argparse.ArgumentParser, *, study: bool = False) -> None:
+    if study:
+        parser.add_argument("--budget-s", type=budget_arg, default=STUDY_BUDGET_S, metavar="S",
+                            help=f"auto dilation's run-time budget for the whole study: the seconds the dilated decode "
+                                 f"of all its runs may take together, an even share a run (default {STUDY_BUDGET_S:g}); "
+                                 "where it caps D, the row says so with the error the overhead leaves")
+        return
     parser.add_argument("--budget-s", type=budget_arg, default=BUDGET_S, metavar="S",
                         help=f"auto dilation's run-time budget: the seconds a run's dilated decode may take (default "
                              f"{BUDGET_S:g}); where it caps D, the run says so with the error the overhead leaves")

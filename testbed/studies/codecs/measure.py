@@ -27,7 +27,8 @@ from rich.table import Table
 
 from agents import wire
 from agents.prompts import synthetic
-from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, print_tables, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, make_scenario, plan_runs, print_tables,
+                                  write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.decode import WireConfig
 from testbed.studies.codecs.result import CodecRow
@@ -103,8 +104,7 @@ def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace
                                         "decode.mode=plain", f"decode.prompt_tokens={PROMPT_TOKENS}",
                                         "decode.tokens=2", f"network.rate_mbit={SLOW_RATE_MBIT}"]
     scenario = make_scenario(scenario_name, overrides=overrides)
-    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                            budget_s=args.budget_s))
+    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation))
     t = summary.ttft
     return {"ttft_measured_s": t.measured_s, "ttft_predicted_s": t.predicted_s, "bytes_per_hop": t.bytes_per_hop,
             **dilation_of(summary)}
@@ -122,6 +122,7 @@ def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list
     figures = quality(scenario, COMPARED)
     f32_bytes = None
     out = []
+    plan_runs(len(COMPARED) if args.measure else 0)
     for codec in COMPARED:
         token_bytes = len(wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=token), codec))
         prompt_bytes, encode_us, decode_us = frame_timing_us(prompt, codec)

@@ -22,8 +22,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
-                                  results_path, write_json)
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
+                                  print_tables, results_path, write_json)
 from testbed.core import physics
 from testbed.core.decode import MAX_CLIENTS
 from testbed.core.records import JsonRecord
@@ -140,8 +140,9 @@ async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int
     async def run(label: str, overrides: list[str]) -> RunSummary:
         log(label)
         sc = make_scenario(args.scenario, overrides=base + overrides)
-        return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
+        return await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation)
 
+    plan_runs(2 + 2 * len(rtts) + len(clients) + (1 if clients else 0) + len(jitters))
     colocated = await run("co-located SD", ["decode.mode=speculative", "spec.placement=colocated"])
     plain = await run("cloud autoregressive", ["decode.mode=plain", "spec.placement=colocated"])
     k = round(colocated.spec.k)

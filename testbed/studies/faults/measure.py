@@ -31,8 +31,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
-                                   results_path, write_json)
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
+                                   print_tables, results_path, write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.records import JsonRecord
 from testbed.scenario.validate import listed
@@ -228,7 +228,7 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
                 if (shaper or args.shaper) != "userspace":
                     nursery.start_soon(watch_kernel_tcp, seen)
                 summary = await run_scenario(sc, shaper or args.shaper, runlog=runlog, log=lambda m: None,
-                                             dilation=args.dilation, budget_s=args.budget_s)
+                                             dilation=args.dilation)
                 nursery.cancel_scope.cancel()
             ran, compute = summary.shaper, summary.compute_s or 0.0
             if value == 0 and clean_ids is None:
@@ -324,6 +324,7 @@ def run(args: argparse.Namespace, console: Console) -> list[FaultsResult]:
                     lambda v: 0 <= v <= 100)
     shapers = shapers_of(args)
     ensure_models_on(console)
+    plan_runs(len(shapers) * (len(jitters) + len(losses)))
     return [trio.run(measure, args, jitters, losses, log_to(console), shaper) for shaper in shapers]
 
 

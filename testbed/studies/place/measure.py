@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.deploy.rules import geometry_table
-from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, print_tables, write_json
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, make_scenario, plan_runs, print_tables,
+                                  write_json)
 from testbed.scenario.config import Scenario, scenario_from_dict
 from testbed.scenario.regions import RegionMatrix
 from testbed.core import physics
@@ -169,10 +170,10 @@ def run(args: argparse.Namespace, console: Console) -> PlaceResult:
 
         ensure_models_on(console)
         measured = []
+        plan_runs(len(runs))
         for label, sc in runs:
             console.print(f"measuring {label} ({sc.n_stages} agents, T_ring {sc.t_ring_s * 1e3:.1f} ms)...")
             summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                                    budget_s=args.budget_s,
                                                     compensate=args.compensate))
             shaper = summary.shaper
             # predicted with the measured C, as every run reports it

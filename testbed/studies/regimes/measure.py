@@ -24,7 +24,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
+from testbed.studies.base import (ensure_models_on, log_to, make_scenario, plan_runs, print_tables, results_path,
+                                   write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.decode import MAX_STREAMS
 from testbed.core.errors import ConfigError
@@ -155,14 +156,13 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
         raise ConfigError(f"{base.name} has one stage: streams in flight need a ring (use --only without streams)",
                           source=base.source, key="stages")
     rows, shaper = [], "?"
-    calibrations: dict = {}
     runs = plan(base, kinds, tokens, args.streams)
+    plan_runs(len(runs))
     for i, (label, overrides) in enumerate(runs):
         scenario = make_scenario(scenario_name, overrides=list(args.overrides) + overrides)
         log(f"[{i + 1}/{len(runs)}] {label}")
         summary = await run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                     budget_s=args.budget_s,
-                                     compensate=args.compensate, calibrations=calibrations)
+                                     compensate=args.compensate)
         shaper = summary.shaper
         row = row_of(label, summary, scenario)
         log(f"      measured {row.measured:.4g} {row.unit}, predicted {row.predicted:.4g} ({row.error_pct:+.2f}%)")

@@ -18,7 +18,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="backend for --measure (default virtual: exact, fast)")
     parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
                         help="time dilation for --measure on a real backend (default auto)")
-    add_budget_option(parser)
+    add_budget_option(parser, study=True)
     parser.add_argument("--tokens", type=int, default=measure.TOKENS, help="tokens each measured row decodes")
     parser.add_argument("--json", help="write the result here")
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from testbed.scenario.config import Scenario, scenario_from_dict
 from testbed.core.records import JsonRecord
-from testbed.studies.base import ensure_models_on, log_to, print_tables, write_json
+from testbed.studies.base import ensure_models_on, log_to, plan_runs, print_tables, write_json
 from testbed.studies.reproduce.rows import NOT_EXPRESSED, ROWS, PublishedRow
 from testbed.studies.whatif import predict
 
@@ -73,8 +73,7 @@ def reproduce(row: PublishedRow, args: argparse.Namespace) -> ReproducedRow:
     if args.measure:
         from testbed.run.launcher import run_scenario
 
-        summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                                budget_s=args.budget_s))
+        summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation))
         measured = summary.measured_tok_s
     gap = abs(predicted / row.published_tok_s - 1) * 100
     within = row.published_range != (0.0, 0.0) and row.published_range[0] <= predicted <= row.published_range[1]
@@ -88,6 +87,7 @@ def run(args: argparse.Namespace, console: Console) -> ReproduceResult:
         ensure_models_on(console)
     log = log_to(console)
     rows = []
+    plan_runs(len(ROWS))
     for row in ROWS:
         log(f"row {row.number}: {row.system}, {row.setup}")
         rows.append(reproduce(row, args))

@@ -17,7 +17,7 @@ from rich.table import Table
 from testbed.scenario.config import Scenario, parse_k_range
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
-from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, write_json
+from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, make_scenario, plan_runs, write_json
 
 TABLE3_KS = (4, 8, 16)
 
@@ -42,7 +42,6 @@ def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, cons
                   f"T_ring {scenario.t_ring_s * 1e3:.1f} ms, C {scenario.emulated_compute_s * 1e3:.1f} ms emulated, "
                   f"c_d {scenario.decode.draft_ms:.2f} ms")
     return trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                         budget_s=args.budget_s,
                                          compensate=args.compensate))
 
 
@@ -106,6 +105,7 @@ def run(args: argparse.Namespace, console: Console) -> list[tuple[float | None, 
         if not all(0 < a < 1 for a in alphas):
             raise ConfigError(f"alphas must be in (0, 1), got {args.alpha!r}", key="--alpha")
     ensure_models_on(console)
+    plan_runs(len(alphas))
     return [(alpha, run_sweep(args, ks, alpha, console)) for alpha in alphas]
 
 

@@ -17,8 +17,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
-                                  results_path, write_json)
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
+                                  print_tables, results_path, write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -69,11 +69,12 @@ async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResul
     pp_base = make_scenario(args.scenario, overrides=common)
     tp_base = make_scenario(args.scenario, overrides=common + ["parallel=tp", f"tp.allreduce={args.allreduce}"])
     rows, shaper, layers = [], "?", 0
+    plan_runs(2 * len(scales))
     for i, factor in enumerate(scales):
         pp_sc, tp_sc = scaled_links(pp_base, factor), scaled_links(tp_base, factor)
         log(f"[{i + 1}/{len(scales)}] links x{factor:g}: PP ({pp_sc.n_stages} stages), then TP ({args.allreduce})")
-        pp = await run_scenario(pp_sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
-        tp = await run_scenario(tp_sc, args.shaper, log=lambda m: None, dilation=args.dilation, budget_s=args.budget_s)
+        pp = await run_scenario(pp_sc, args.shaper, log=lambda m: None, dilation=args.dilation)
+        tp = await run_scenario(tp_sc, args.shaper, log=lambda m: None, dilation=args.dilation)
         shaper, t = tp.shaper, tp.tp
         if t is None or not pp.measured_tok_s:
             raise ConfigError("a run decoded no tokens past the prompt: raise --tokens", key="--tokens")

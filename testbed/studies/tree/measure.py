@@ -19,8 +19,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, print_tables,
-                                  results_path, write_json)
+from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
+                                  print_tables, results_path, write_json)
 from testbed.core.decode import CODECS, MAX_TREE
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -101,6 +101,7 @@ async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], c
     common = list(args.overrides) + ["decode.mode=tree", f"decode.tokens={args.tokens or TOKENS}",
                                    f"decode.tree_k={args.tree_k}"]
     rows, fits, shaper, t_ring, policy = [], [], "?", 0.0, "?"
+    plan_runs(len(codecs) * len(rates) * len(ns))
     for codec in codecs:
         for rate in rates:
             group = []
@@ -109,7 +110,6 @@ async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], c
                                                                    f'wire.codec="{codec}"'])
                 log(f"{codec}, {rate:g} Mbit/s, n = {n}...")
                 summary = await run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                             budget_s=args.budget_s,
                                              compensate=args.compensate)
                 t = summary.tree
                 if t is None:

@@ -32,7 +32,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shaper", choices=shaper_kinds(), default="auto", help="backend for --measure")
     parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
                         help="time dilation for --measure (default auto)")
-    add_budget_option(parser)
+    add_budget_option(parser, study=True)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the scenario it builds, e.g. --set decode.prefill_chunk=32")
     parser.add_argument("--json", help="write the result here")

@@ -173,8 +173,7 @@ def run(args: argparse.Namespace, console: Console) -> WhatifResult:
 
     ensure_models_on(console)
     log_to(console)(f"measuring {result.whatif} on {args.shaper} ({args.tokens} tokens)")
-    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation,
-                                            budget_s=args.budget_s))
+    summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None, dilation=args.dilation))
     return replace(result, measured=True, shaper=summary.shaper,
                    dilation=summary.dilation.factor if summary.dilation else 1.0, measured_tok_s=summary.measured_tok_s,
                    ttft_measured_s=summary.ttft.measured_s if summary.ttft else None,
