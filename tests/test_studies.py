@@ -105,3 +105,18 @@ def test_a_bench_run_has_its_section_in_the_report(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BENCH, "overhead": {"netem": {"ratio": -1}}}))
     assert report.main([str(bad), "--out", str(tmp_path / "out2")]) == 2
+
+
+def test_every_study_s_bench_row_runs_and_meets_its_prediction_on_virtual_time():
+    from rich.console import Console
+
+    from testbed.studies.bench.studies import studies_table, within
+
+    rows = studies_table(Console(quiet=True), ["virtual"])
+    assert [r["study"] for r in rows] == [name for name, study in STUDIES.items() if study.bench is not None]
+    assert len(rows) >= 9  # every study but reproduce (six published rows: its own check) and the bench itself
+    for r in rows:
+        assert r["within"], r
+        if r["study"] != "faults":  # its jitter row predicts the mean over Normal draws; the run realizes 47 laps
+            assert r["measured"] == pytest.approx(r["predicted"], rel=1e-6), r
+    assert within(0.9, None) and not within(1.2, None) and within(-1.4, -0.5) and not within(-1.6, -0.5)

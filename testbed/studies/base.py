@@ -54,6 +54,31 @@ class ReportPart:
 
 
 @dataclass(frozen=True)
+class BenchLine:
+    """A study's line in `testbed bench`'s studies section: one measured figure beside its prediction."""
+
+    what: str  # the row, as the study's own table names it
+    unit: str
+    measured: float
+    predicted: float
+    dilation: float = 1.0
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves
+
+    @property
+    def error_pct(self) -> float:
+        return (self.measured / self.predicted - 1) * 100
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """How `testbed bench` measures one small row of a study: its arguments (the scenario first; the bench adds
+    --shaper) and the line its result gives."""
+
+    argv: tuple[str, ...]
+    line: Callable[[Any], BenchLine]
+
+
+@dataclass(frozen=True)
 class Study:
     """One study: a command of `python -m testbed`, a function of the API and a section of the report."""
 
@@ -67,6 +92,7 @@ class Study:
     command: bool = True  # False: reached through another study's command (the tree sweep: `sweep --tree-n`)
     scenario: bool = True  # takes a scenario and the run options
     defaults: tuple[tuple[str, Any], ...] = ()  # option values the command fixes (e.g. dilation=1.0)
+    bench: BenchRow | None = None  # its row in `testbed bench`'s studies section (None: none, say why where it is)
 
     def parser(self, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         """Its options on `parser` (a fresh one named after the study if None)."""

@@ -314,6 +314,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         console = Console(width=WIDE_WIDTH, file=console.file, quiet=console.quiet)
     quick = args.quick
     shapers = [s.strip() for s in args.shapers.split(",") if s.strip()]
+    from testbed.studies.bench.studies import studies_table
+    if args.only == "studies":
+        return {"studies": studies_table(console, shapers)}
     figures: dict = {"fidelity": []}
 
     figures["relay"] = relay_table(console, quick)
@@ -346,6 +349,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     figures["virtual_scale"] = virtual_scale_table(console, quick)
     from testbed.studies.bench.soak import soak_line
     figures["soak"] = soak_line(console, quick)
+    figures["studies"] = studies_table(console, shapers)
     return figures
 
 

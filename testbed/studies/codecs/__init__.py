@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from testbed.studies.base import ReportPart, Study
+from testbed.studies.base import BenchLine, BenchRow, ReportPart, Study
 from testbed.studies.codecs import figures
 
 
@@ -33,7 +33,13 @@ NOTE = ("Frames with their header; vs f32 = prompt frame bytes over f32's. Greed
         "and α̂ (the draft against the codec'd target) are teacher-forced with the codec at every hop; TTFT "
         "(`codecs --measure`) measured vs C_prefill + T_ring + serialization.")
 
+def bench_line(rows: Any) -> BenchLine:
+    r = rows[0]
+    return BenchLine(f"TTFT, {r.codec}", "s", r.ttft_measured_s, r.ttft_predicted_s, r.dilation, r.capped_error_pct)
+
+
 STUDY = Study("codecs", "wire codecs (f32, f16, int8-block): bytes, encode/decode time, greedy agreement, KL and "
                         "acceptance rate; --measure: TTFT on the ring per codec", add_options, run, show,
               report=ReportPart("greedy_agreement", "Wire codecs", "codec rows", figures.parse_codec,
-                                lambda items: [NOTE, "", *figures.codec_markdown(items)]))
+                                lambda items: [NOTE, "", *figures.codec_markdown(items)]),
+              bench=BenchRow(("geo-ring", "--measure"), bench_line))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.studies.base import Figure, ReportPart, Study, results_of
+from testbed.studies.base import BenchLine, BenchRow, Figure, ReportPart, Study, results_of
 from testbed.studies.dsd import figures, measure
 
 
@@ -20,8 +20,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the result here (default results/dsd-SCENARIO.json)")
 
 
+def bench_line(result: measure.DsdResult) -> BenchLine:
+    r = result.dsd_rows[0]
+    return BenchLine(f"synchronous DSD request, RTT {r.rtt_ms:g} ms", "ms", r.sync_ms, r.sync_predicted_ms, r.dilation,
+                     r.capped_error_pct)
+
+
 STUDY = Study("dsd", "speculation at a distance: co-located SD, synchronous and pipelined edge drafts and cloud AR "
                      "across the edge RTT, the crossover, and server capacity", add_options, measure.run, measure.show,
               report=ReportPart("dsd_rows", "Speculation at a distance", "DSD results", figures.parse_dsd,
                                 figures.dsd_markdown, (Figure("fig8_dsd.png", results_of(figures.plot_dsd)),)),
-              defaults=(("dilation", 1.0),))
+              defaults=(("dilation", 1.0),),
+              bench=BenchRow(("edge-cloud", "--rtts", "20", "--clients", "1", "--jitters", "0", "--dilation", "auto"),
+                             bench_line))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.studies.base import ReportPart, Study
+from testbed.studies.base import BenchLine, BenchRow, ReportPart, Study
 from testbed.studies.faults import figures, measure
 
 
@@ -16,8 +16,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapers", help="backends to run the rows on, e.g. userspace,netem (default: --shaper)")
 
 
+def bench_line(results: list[measure.FaultsResult]) -> BenchLine:
+    r = results[0].fault_rows[0]
+    return BenchLine(f"mean lap, {r.fault} {r.value:g}", "ms", r.lap_ms, r.predicted_ms, r.dilation, r.capped_error_pct)
+
+
 STUDY = Study("faults", "jitter and loss on every link: mean and p99 lap measured vs the model, and the output "
                         "against the clean run", add_options, measure.run, measure.show,
               report=ReportPart("fault_rows", "Faults", "faults results", figures.parse_faults,
                                 figures.faults_markdown),
-              defaults=(("dilation", 1.0),))
+              defaults=(("dilation", 1.0),),
+              bench=BenchRow(("geo-ring", "--jitters", "2", "--losses", "0", "--dilation", "auto"), bench_line))

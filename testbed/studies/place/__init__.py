@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.studies.base import Figure, ReportPart, Study, results_of
+from testbed.studies.base import BenchLine, BenchRow, Figure, ReportPart, Study, results_of
 from testbed.studies.place import figures, measure
 
 
@@ -16,8 +16,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the placements here (testbed report draws them)")
 
 
+def bench_line(result: measure.PlaceResult) -> BenchLine:
+    p = next(p for p in result.placements if p.measured_tok_s is not None)
+    return BenchLine(f"{p.label or 'order'}, T_ring {p.t_ring_s * 1e3:.1f} ms", "tok/s", p.measured_tok_s,
+                     p.predicted_tok_s, p.dilation or 1.0, p.capped_error_pct)
+
+
 STUDY = Study("place", "ring orders of a scenario's regions: best and worst T_ring and rate; --measure runs both",
               add_options, measure.run, measure.show,
               report=ReportPart("placements", "Placement", "placement searches", figures.parse_place,
                                 figures.placement_markdown, (Figure("fig5_placement.png",
-                                                                    results_of(figures.plot_placement)),)))
+                                                                    results_of(figures.plot_placement)),)),
+              bench=BenchRow(("world-8", "--measure", "--head-region", "tokyo"), bench_line))

@@ -41,6 +41,7 @@ def markdown(items: Sequence[measure.ReproduceResult]) -> list[str]:
     return lines
 
 
+# No bench row (Study.bench): its rows are six published deployments, each a run; `reproduce --measure` is the check.
 STUDY = Study("reproduce", "published deployments (PUBLISHED.md) as rings built from their sources: published vs "
                            "predicted vs measured", add_options, measure.run, measure.show, scenario=False,
               report=ReportPart("reproduced_rows", "Published deployments", "reproductions", parse, markdown))

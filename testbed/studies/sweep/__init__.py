@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from testbed.studies import tree
-from testbed.studies.base import Study
+from testbed.studies.base import BenchLine, BenchRow, Study, dilation_of
 from testbed.studies.sweep import measure
 
 
@@ -30,5 +30,13 @@ def show(result: Any, args: argparse.Namespace, console: Console) -> None:
     (tree.STUDY if args.tree_n else measure).show(result, args, console)
 
 
+def bench_line(results: list) -> BenchLine:
+    summary = results[0][1]
+    row = summary.spec.per_k[0]
+    d = dilation_of(summary)
+    return BenchLine(f"speculative K = {row.k}, alpha-hat {summary.spec.alpha:.2f}", "tok/s", row.measured_tok_s,
+                     row.predicted_tok_s, d["dilation"], d["capped_error_pct"])
+
+
 STUDY = Study("sweep", "speculative K sweep: measured vs predicted rate per K, and K*", add_options, run, show,
-              writes_runs=True)
+              writes_runs=True, bench=BenchRow(("geo-ring", "--k", "4,8", "--alpha", "0.8", "--rounds", "20"), bench_line))

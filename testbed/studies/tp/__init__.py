@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from testbed.core.decode import ALLREDUCE
-from testbed.studies.base import Figure, ReportPart, Study, results_of
+from testbed.studies.base import BenchLine, BenchRow, Figure, ReportPart, Study, results_of
 from testbed.studies.tp import figures, measure
 
 
@@ -17,8 +17,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the result here (default results/tp-SCENARIO.json)")
 
 
+def bench_line(result: measure.TpResult) -> BenchLine:
+    r = result.tp_rows[0]
+    return BenchLine(f"TP per token, links x{r.hop_scale:g}", "ms", r.tp_token_ms, r.tp_predicted_token_ms, r.dilation,
+                     r.capped_error_pct)
+
+
 STUDY = Study("tp", "pipeline vs tensor parallelism on the same links: per-token latency measured vs predicted, the "
                     "TP/PP ratio next to Eq. 8's 4L/N", add_options, measure.run, measure.show,
               report=ReportPart("tp_rows", "PP vs TP", "PP-vs-TP sweeps", figures.parse_tp, figures.tp_markdown,
                                 (Figure("fig6_tp.png", results_of(figures.plot_tp)),)),
-              defaults=(("dilation", 1.0),))
+              defaults=(("dilation", 1.0),),
+              bench=BenchRow(("geo-ring", "--hop-scale", "0.25", "--dilation", "auto"), bench_line))

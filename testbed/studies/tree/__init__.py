@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from testbed.studies.base import Figure, ReportPart, Study, results_of
+from testbed.studies.base import BenchLine, BenchRow, Figure, ReportPart, Study, results_of
 from testbed.studies.tree import figures, measure
 
 
@@ -23,7 +23,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the result here (default results/tree-SCENARIO.json)")
 
 
+def bench_line(result: measure.TreeSweep) -> BenchLine:
+    r = result.tree_rows[0]
+    return BenchLine(f"tree n = {r.n:g} at {r.rate_mbit:g} Mbit/s", "tok/s", r.measured_tok_s, r.predicted_tok_s,
+                     r.dilation, r.capped_error_pct)
+
+
 STUDY = Study("tree", "tree speculation: L(n), tok/s vs nodes per round and W*, measured vs predicted (the command is "
                       "`sweep SCENARIO --tree-n N,N,...`)", add_options, measure.run, measure.show, command=False,
               report=ReportPart("tree_rows", "Tree speculation", "tree sweeps", figures.parse_tree,
-                                figures.tree_markdown, (Figure("fig7_tree.png", results_of(figures.plot_tree)),)))
+                                figures.tree_markdown, (Figure("fig7_tree.png", results_of(figures.plot_tree)),)),
+              bench=BenchRow(("geo-ring", "--tree-n", "16", "--rates", "10"), bench_line))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from netem.select import kinds as shaper_kinds
-from testbed.studies.base import ReportPart, Study, add_budget_option, dilation_arg
+from testbed.studies.base import BenchLine, BenchRow, ReportPart, Study, add_budget_option, dilation_arg
 from testbed.studies.whatif import figures, measure
 
 
@@ -38,7 +38,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the result here")
 
 
+def bench_line(result: measure.WhatifResult) -> BenchLine:
+    return BenchLine(f"decode, {result.whatif}", "tok/s", result.measured_tok_s, result.predicted_tok_s, result.dilation)
+
+
 STUDY = Study("whatif", "a deployment from the catalogues (model, hardware, regions): decode, TTFT, speculation, "
                         "streams and where a token's time goes, predicted, and measured with --measure", add_options,
               measure.run, measure.show, scenario=False,
-              report=ReportPart("whatif", "What if", "deployments", figures.parse, figures.markdown))
+              report=ReportPart("whatif", "What if", "deployments", figures.parse, figures.markdown),
+              bench=BenchRow(("--model", "llama-3.1-70b", "--hardware", "h100-sxm,8", "--regions",
+                              "hong-kong,ireland,virginia", "--measure"), bench_line))
