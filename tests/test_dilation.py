@@ -20,7 +20,8 @@ from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
 from testbed.run.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
 from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
-                              calibration_from, calibration_scenario, choose, parse_budget, parse_dilation, resolve)
+                              calibration_from, calibration_scenario, choose, lap_floor_s, parse_budget, parse_dilation,
+                              resolve)
 from testbed.run.runlog import RunLog
 from testbed.run.summarize import summarize
 from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
@@ -206,6 +207,26 @@ def test_resolve_skips_the_calibration_when_the_budget_allows_no_dilation():
 
     chosen = trio.run(lambda: resolve(sc, "auto", compensate=False, run=must_not_run, log=lambda m: None))
     assert chosen.factor == 1.0 and chosen.requested == "auto" and "budget" in chosen.reason
+
+
+def test_edge_speculation_calibrates_as_itself_at_a_zero_round_trip():
+    sc = load_scenario("edge-cloud", ["decode.mode=speculative", "spec.placement=edge", "spec.rtt_ms=20",
+                                      "decode.k=4", "decode.tokens=40"])
+    probe = calibration_scenario(sc)
+    assert probe.decode.mode == "dsd" and probe.decode.k == sc.decode.k and probe.decode.tokens == CALIBRATION_TOKENS
+    assert probe.spec.rtt_ms == 0.0 and probe.spec.placement == "edge" and probe.spec.clients == sc.spec.clients
+    assert all(link.delay_ms == 0.0 for link in probe.links) and len(probe.links) == len(sc.links) == 2
+    assert lap_floor_s(sc) == pytest.approx(sc.t_ring_s + 0.020)  # a round pays the edge's round trip
+    assert lap_floor_s(load_scenario("geo-ring")) == pytest.approx(0.280)
+    # a round's overhead is what it took beyond physics.dsd_round_s; its physics, the round at zero round trip
+    ran = SimpleNamespace(dsd=SimpleNamespace(round_ms=64.0, predicted_round_ms=61.5))
+    calibration = calibration_from(ran, sc)
+    assert calibration.overhead_ms == pytest.approx(2.5) and calibration.compute_s == pytest.approx(0.0615)
+    chosen = choose(sc, calibration, budget_s=1e9)
+    lap_s = 0.0615 + 0.020
+    assert chosen.lap_ms == pytest.approx(lap_s * 1e3) and chosen.factor == math.ceil(2.5e-3 / (TARGET_OVERHEAD * lap_s))
+    plain = calibration_scenario(load_scenario("edge-cloud", ["decode.mode=speculative", "spec.placement=colocated"]))
+    assert plain.decode.mode == "plain"  # co-located speculation calibrates its ring as plain decode
 
 
 def _ran(wall_s: float, factor: float):

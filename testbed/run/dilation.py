@@ -10,7 +10,9 @@ change. `scale` changes the scenario; dilation does not.
 measures what a lap costs beyond compute (the overhead O, with each hop's base one-way latency); then D is
 the smallest whole number with O / D <= TARGET_OVERHEAD of the lap C + T_ring, capped at DILATION_MAX and
 by the run-time budget (the dilated decode may take at most BUDGET_S), so a short ring gets a large D and
-a long one, where O is already small, gets 1-2.
+a long one, where O is already small, gets 1-2. Edge speculation (decode mode "dsd") calibrates as itself: its
+overhead is off the ring (the edge clients' two hops and the entry's hand-off a round), so its calibration is
+the same clients at zero round trip, its lap a round, and O what a round took beyond physics.dsd_round_s.
 """
 
 from __future__ import annotations
@@ -58,12 +60,22 @@ def parse_budget(value: str | float) -> float:
 def calibration_scenario(scenario: Scenario) -> Scenario:
     """The same stages and links at zero delay, jitter and loss (rates kept), decoding plain for a few laps.
 
-    Everything else is reset to defaults, so that the phases of one ring (plain, speculative) share it.
+    Everything else is reset to defaults, so that the phases of one ring (plain, speculative) share it. Edge
+    clients (spec.placement = "edge") keep their decode and [spec] at a zero round trip instead: a few rounds.
     """
     links = tuple(dataclasses.replace(link, delay_ms=0.0, jitter_ms=0.0, loss_pct=0.0) for link in scenario.links)
+    if scenario.spec.placement == "edge":
+        return dataclasses.replace(scenario, name=f"{scenario.name}-calibration", description="", links=links,
+                                   decode=dataclasses.replace(scenario.decode, tokens=CALIBRATION_TOKENS),
+                                   spec=dataclasses.replace(scenario.spec, rtt_ms=0.0, jitter_ms=0.0))
     decode = DecodeConfig(mode="plain", tokens=CALIBRATION_TOKENS, prompt=scenario.decode.prompt)
     return dataclasses.replace(scenario, name=f"{scenario.name}-calibration", description="", links=links,
                                decode=decode)
+
+
+def lap_floor_s(scenario: Scenario) -> float:
+    """What a lap takes beyond its compute at the scenario's delays: the ring, and an edge client's round trip."""
+    return scenario.t_ring_s + (scenario.spec.rtt_ms / 1e3 if scenario.spec.placement == "edge" else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +89,10 @@ class Calibration:
 def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
     """What the calibration run measured: per-hop base latency (p50) and the per-lap overhead, each less the
     physics it holds at zero delay: compute, and on a rated link the frame's serialization (bytes / rate)."""
+    if summary.dsd is not None:  # edge clients: a lap is a round, its physics the round at zero round trip
+        d = summary.dsd
+        return Calibration((0.0,) * len(scenario.links), max(0.0, d.round_ms - d.predicted_round_ms),
+                           d.predicted_round_ms / 1e3)
     if not summary.laps or summary.measured_tok_s is None or summary.compute_s is None:
         raise ConfigError("the calibration run produced no decode laps", key="--dilation")
     ring = [(h.measured_ms_p50 or 0.0) - serialization_ms(h.bytes_per_lap, link)
@@ -103,7 +119,7 @@ def planned_laps(scenario: Scenario) -> int:
 def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S) -> float:
     """The largest whole D (<= DILATION_MAX) whose dilated decode fits in budget_s (compute_s: a lap's time
     beyond T_ring)."""
-    lap_s = compute_s + scenario.t_ring_s
+    lap_s = compute_s + lap_floor_s(scenario)
     if lap_s <= 0:
         return DILATION_MAX
     return float(max(1, min(DILATION_MAX, math.floor(budget_s / (planned_laps(scenario) * lap_s)))))
@@ -112,7 +128,7 @@ def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S)
 def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = False,
            target: float = TARGET_OVERHEAD, budget_s: float = BUDGET_S) -> DilationSummary:
     """The smallest whole D with (overhead / D) <= target x lap, within DILATION_MAX and the budget."""
-    lap_s = calibration.compute_s + calibration.serialization_s + scenario.t_ring_s
+    lap_s = calibration.compute_s + calibration.serialization_s + lap_floor_s(scenario)
     overhead_ms = calibration.overhead_ms
     if compensate:  # the compensated part of each hop is taken out of the delay; what is left is the residual
         overhead_ms = max(0.0, overhead_ms - sum(calibration.base_ms[: len(scenario.ring)]))

@@ -30,6 +30,5 @@ STUDY = Study("dsd", "speculation at a distance: co-located SD, synchronous and 
                      "across the edge RTT, the crossover, and server capacity", add_options, measure.run, measure.show,
               report=ReportPart("dsd_rows", "Speculation at a distance", "DSD results", figures.parse_dsd,
                                 figures.dsd_markdown, (Figure("fig8_dsd.png", results_of(figures.plot_dsd)),)),
-              defaults=(("dilation", 1.0),),
-              bench=BenchRow(("edge-cloud", "--rtts", "20", "--clients", "1", "--jitters", "0", "--dilation", "auto"),
+              bench=BenchRow(("edge-cloud", "--rtts", "20", "--clients", "1", "--jitters", "0"),
                              bench_line))

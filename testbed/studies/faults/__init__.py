@@ -25,5 +25,4 @@ STUDY = Study("faults", "jitter and loss on every link: mean and p99 lap measure
                         "against the clean run", add_options, measure.run, measure.show,
               report=ReportPart("fault_rows", "Faults", "faults results", figures.parse_faults,
                                 figures.faults_markdown),
-              defaults=(("dilation", 1.0),),
-              bench=BenchRow(("geo-ring", "--jitters", "2", "--losses", "0", "--dilation", "auto"), bench_line))
+              bench=BenchRow(("geo-ring", "--jitters", "2", "--losses", "0"), bench_line))

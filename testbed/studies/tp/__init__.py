@@ -27,5 +27,4 @@ STUDY = Study("tp", "pipeline vs tensor parallelism on the same links: per-token
                     "TP/PP ratio next to Eq. 8's 4L/N", add_options, measure.run, measure.show,
               report=ReportPart("tp_rows", "PP vs TP", "PP-vs-TP sweeps", figures.parse_tp, figures.tp_markdown,
                                 (Figure("fig6_tp.png", results_of(figures.plot_tp)),)),
-              defaults=(("dilation", 1.0),),
-              bench=BenchRow(("geo-ring", "--hop-scale", "0.25", "--dilation", "auto"), bench_line))
+              bench=BenchRow(("geo-ring", "--hop-scale", "0.25"), bench_line))
