@@ -17,7 +17,7 @@ import trio
 from testbed.scenario.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
-from testbed.core.summary import DilationSummary, RunSummary
+from testbed.core.summary import DilationSummary, DsdSummary, RunSummary
 from testbed.run.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
 from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_from, calibration_scenario, choose, lap_floor_s, parse_budget, parse_dilation,
@@ -219,8 +219,9 @@ def test_edge_speculation_calibrates_as_itself_at_a_zero_round_trip():
     assert lap_floor_s(sc) == pytest.approx(sc.t_ring_s + 0.020)  # a round pays the edge's round trip
     assert lap_floor_s(load_scenario("geo-ring")) == pytest.approx(0.280)
     # a round's overhead is what it took beyond physics.dsd_round_s; its physics, the round at zero round trip
-    ran = SimpleNamespace(dsd=SimpleNamespace(round_ms=64.0, predicted_round_ms=61.5))
-    calibration = calibration_from(ran, sc)
+    part = SimpleNamespace(round_ms=64.0, predicted_round_ms=61.5)
+    part.calibration_lap = lambda: DsdSummary.calibration_lap(part)  # the mode's own reading of its lap
+    calibration = calibration_from(SimpleNamespace(mode="dsd", dsd=part), sc)
     assert calibration.overhead_ms == pytest.approx(2.5) and calibration.compute_s == pytest.approx(0.0615)
     chosen = choose(sc, calibration, budget_s=1e9)
     lap_s = 0.0615 + 0.020

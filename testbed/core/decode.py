@@ -135,6 +135,9 @@ class ModeInfo:
     lap_kind: str = "decode"  # LapRecord.kind of the laps that make its tokens (prefill and probe laps do not)
     heads: tuple[str, ...] = ("entry",)  # the placement.head values it runs with (HEAD_PLACEMENTS)
     tree_slots: bool = False  # its stages keep decode.tree_n + 1 cache slots beyond the positions (a tree's nodes)
+    # auto dilation calibrates it as itself at zero delay, not as plain decode of its ring: its overhead is off the
+    # ring (dsd: the edge clients' hops); its summary part's calibration_lap() gives a lap's overhead and physics
+    own_calibration: bool = False
 
 
 # A new decode mode is one module plus one line here.
@@ -146,8 +149,9 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams"),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
              summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True),
+    # its laps: the edge clients' rounds (the server's are "verify")
     ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.run.modes.dsd:summarize_dsd",
-             summary_field="dsd", lap_kind="spec"),  # the edge clients' rounds (the server's laps are "verify")
+             summary_field="dsd", lap_kind="spec", own_calibration=True),
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.run.modes.tp:summarize_tp",
              summary_field="tp", every_agent=True),
 )}

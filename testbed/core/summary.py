@@ -214,6 +214,11 @@ class DsdSummary(JsonRecord):
     bytes_down_per_round: int
     error_pct: float  # request latency
 
+    def calibration_lap(self) -> tuple[float, float]:
+        """At zero round trip (testbed.run.dilation): (what a round took beyond physics.dsd_round_s, ms; that
+        physics, s). A lap of edge speculation is a round."""
+        return max(0.0, self.round_ms - self.predicted_round_ms), self.predicted_round_ms / 1e3
+
     @property
     def headline(self) -> tuple[float, float, float]:
         return (self.aggregate_tok_s, self.predicted_aggregate_tok_s,

@@ -10,9 +10,9 @@ change. `scale` changes the scenario; dilation does not.
 measures what a lap costs beyond compute (the overhead O, with each hop's base one-way latency); then D is
 the smallest whole number with O / D <= TARGET_OVERHEAD of the lap C + T_ring, capped at DILATION_MAX and
 by the run-time budget (the dilated decode may take at most BUDGET_S), so a short ring gets a large D and
-a long one, where O is already small, gets 1-2. Edge speculation (decode mode "dsd") calibrates as itself: its
-overhead is off the ring (the edge clients' two hops and the entry's hand-off a round), so its calibration is
-the same clients at zero round trip, its lap a round, and O what a round took beyond physics.dsd_round_s.
+a long one, where O is already small, gets 1-2. A mode whose overhead is off the ring calibrates as itself
+(ModeInfo.own_calibration): edge speculation's is in the clients' two hops and the entry's hand-off a round, so
+its calibration is the same clients at a zero round trip, its lap a round, O what a round took beyond its physics.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 from typing import Awaitable, Callable
 
 from testbed.scenario.config import Scenario
-from testbed.core.decode import DecodeConfig
+from testbed.core.decode import MODES, DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
 
@@ -60,11 +60,11 @@ def parse_budget(value: str | float) -> float:
 def calibration_scenario(scenario: Scenario) -> Scenario:
     """The same stages and links at zero delay, jitter and loss (rates kept), decoding plain for a few laps.
 
-    Everything else is reset to defaults, so that the phases of one ring (plain, speculative) share it. Edge
-    clients (spec.placement = "edge") keep their decode and [spec] at a zero round trip instead: a few rounds.
+    Everything else is reset to defaults, so that the phases of one ring (plain, speculative) share it. A mode
+    that calibrates as itself (ModeInfo.own_calibration) keeps its decode and [spec] at a zero round trip instead.
     """
     links = tuple(dataclasses.replace(link, delay_ms=0.0, jitter_ms=0.0, loss_pct=0.0) for link in scenario.links)
-    if scenario.spec.placement == "edge":
+    if MODES[scenario.decode.mode].own_calibration:
         return dataclasses.replace(scenario, name=f"{scenario.name}-calibration", description="", links=links,
                                    decode=dataclasses.replace(scenario.decode, tokens=CALIBRATION_TOKENS),
                                    spec=dataclasses.replace(scenario.spec, rtt_ms=0.0, jitter_ms=0.0))
@@ -89,10 +89,10 @@ class Calibration:
 def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
     """What the calibration run measured: per-hop base latency (p50) and the per-lap overhead, each less the
     physics it holds at zero delay: compute, and on a rated link the frame's serialization (bytes / rate)."""
-    if summary.dsd is not None:  # edge clients: a lap is a round, its physics the round at zero round trip
-        d = summary.dsd
-        return Calibration((0.0,) * len(scenario.links), max(0.0, d.round_ms - d.predicted_round_ms),
-                           d.predicted_round_ms / 1e3)
+    info = MODES[summary.mode]
+    if info.own_calibration:  # its summary part says what a lap took beyond physics at zero delay
+        overhead_ms, physics_s = getattr(summary, info.summary_field).calibration_lap()
+        return Calibration((0.0,) * len(scenario.links), overhead_ms, physics_s)
     if not summary.laps or summary.measured_tok_s is None or summary.compute_s is None:
         raise ConfigError("the calibration run produced no decode laps", key="--dilation")
     ring = [(h.measured_ms_p50 or 0.0) - serialization_ms(h.bytes_per_lap, link)
