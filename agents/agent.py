@@ -47,12 +47,15 @@ class Usage:
     wall_s: float
     cpu_s: float
     max_rss_mb: float
-    uss_mb: float  # private pages only (Private_Clean + Private_Dirty of smaps_rollup): not the fork server's
+    uss_mb: float | None  # private pages only (Private_Clean + Private_Dirty of smaps_rollup): not the fork server's
 
     @classmethod
-    def now(cls) -> "Usage":
+    def now(cls, memory: bool = True) -> "Usage":
+        """`memory`: read the private pages too (a walk of every mapping: ~7 ms in a process of 1 GB, so not once
+        per agent where a thousand agents share one process, whose memory is the run's, not theirs)."""
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return cls(time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, _private_mb())  # KiB -> MB
+        return cls(time.monotonic(), ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024,  # KiB -> MB
+                   _private_mb() if memory else None)
 
     def since(self, start: "Usage") -> dict[str, float]:
         """The "usage" event: CPU share of one core over the run (from the run command to its end), peak RSS,
@@ -123,9 +126,10 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
             nursery.cancel_scope.cancel()  # launcher gone: stop
 
         nursery.start_soon(watch_stdin)
-        usage_at_start = Usage.now()
+        own_memory = not transport.one_process
+        usage_at_start = Usage.now(memory=own_memory)
         event, data = await play_role(spec, ring, plan)
-        control.send("usage", Usage.now().since(usage_at_start))
+        control.send("usage", Usage.now(memory=own_memory).since(usage_at_start))
         control.send(event, data)
         nursery.cancel_scope.cancel()
 
@@ -145,11 +149,8 @@ def build_ring(spec: AgentSpec, control: Control, transport: Transport, clock: C
                       batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
                       kv_ship=spec.kv_ship, tp=spec.tp, transport=transport)
     ring.lap_timeout_s = spec.lap_timeout_s
-    if spec.head_on_last:
-        from agents.head import last_stage_head
-
-        sample = resolve(spec.runner)(spec.decode, ring).sample if spec.decode.mode == "plain" else None
-        ring.last_head = last_stage_head(spec.decode.mode, sample)
+    if spec.head_on_last:  # what this last stage returns instead of its hidden state: the mode's runner says
+        ring.last_head = resolve(spec.runner).last_head(spec.decode, ring)
     return ring, plan
 
 

@@ -2,9 +2,9 @@
 
 placement.head = "separate": an agent after the last stage turns the last stage's hidden state into logits,
 samples, and sends only the sampled token on to the entry: a lap is N + 1 hops instead of N, and the extra hop's
-latency is what the law's co-located head saves. placement.head = "last": the last stage does it itself
-(last_stage_head) and the return hop carries token ids instead of hidden states; for a token tree (greedy) it
-verifies the tree and returns the accepted path's node indices and the next token.
+latency is what the law's co-located head saves. placement.head = "last": the last stage does it itself (the
+mode's runner's `last_head`: sampled_head for one token a lap; a token tree's verifies the tree and returns the
+accepted path's node indices and the next token) and the return hop carries token ids instead of hidden states.
 """
 
 from __future__ import annotations
@@ -20,29 +20,10 @@ from agents.stage import PipelineStage
 from testbed.core.errors import WireError
 
 
-def last_stage_head(mode: str, sample: Callable[[torch.Tensor], int] | None
-                    ) -> Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray]:
-    """What a last stage holding the head returns instead of its hidden state (RingClient.last_head)."""
-    if mode == "tree":
-        from agents.modes.tree import Tree, verify
-
-        def verified(stage: PipelineStage, frame: wire.Frame, hidden: np.ndarray) -> np.ndarray:
-            if frame.stream not in stage.last_tree or hidden.shape[1] != len(stage.last_tree[frame.stream][0]):
-                return np.array([sample_first(stage, hidden)], np.int32)  # a prefill lap: the first token
-            parents, tokens = stage.last_tree.pop(frame.stream)
-            tree = Tree(tokens[:1])
-            for parent, token in zip(parents[1:], tokens[1:]):
-                tree.add(parent, token, 0.0)
-            path, token = verify(tree, list(stage.logits(hidden)), "best-first", greedy=True,
-                                 generator=torch.Generator())
-            return np.array(path + [token], np.int32)
-
-        def sample_first(stage: PipelineStage, hidden: np.ndarray) -> int:
-            return int(torch.argmax(stage.logits(hidden)[-1]))
-
-        return verified
-    if sample is None:
-        raise ValueError(f"decode mode {mode!r} cannot sample on the last stage")
+def sampled_head(sample: Callable[[torch.Tensor], int]
+                 ) -> Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray]:
+    """A last stage's head that samples one token a lap (none for a prefill chunk flagged NO_SAMPLE): what it returns
+    instead of its hidden state (RingClient.last_head; a mode's runner builds its own with `last_head`)."""
 
     def sampled(stage: PipelineStage, frame: wire.Frame, hidden: np.ndarray) -> np.ndarray:
         return np.array([] if frame.flags & wire.NO_SAMPLE else [sample(stage.logits(hidden))], np.int32)

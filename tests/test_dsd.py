@@ -30,6 +30,21 @@ def test_round_closed_forms():
     assert physics.capacity_multiplier(K, T_D, T_V) == pytest.approx(3.0)
 
 
+def test_the_in_flight_step_is_averaged_over_the_measured_waits():
+    """On the knife edge (a 40 ms wait is four whole 10 ms steps) the sawtooth jumps from 0 to a whole step: waits
+    measured on either side of it give the mean of the two, not the sawtooth at their configured mean."""
+    rest = physics.in_flight_rest_s
+    assert rest(0.040, T_D, K + 1) == pytest.approx(0.0, abs=1e-12)
+    assert rest(0.0401, T_D, K + 1) == pytest.approx(0.0099)
+    assert rest(0.060, T_D, K + 1) == 0.0  # past the K + 1 steps: nothing in flight
+    assert rest(0.035, 0.0, K + 1) == 0.0  # no drafting, nothing in flight
+    sawtooth = physics.dsd_round_s("pipelined", K, T_D, T_V, 0.020, 0.0)
+    measured = physics.dsd_round_s("pipelined", K, T_D, T_V, 0.020, 0.0, (0.0399, 0.0401))
+    assert sawtooth == pytest.approx(0.080)
+    assert measured == pytest.approx(0.080 + 0.005)
+    assert physics.dsd_round_s("pipelined", K, T_D, T_V, 0.020, 0.0, (0.040,)) == pytest.approx(sawtooth)
+
+
 def test_the_pipelined_crossover_is_where_the_rounds_meet():
     p = 0.9
     rtt = physics.pipelined_crossover_rtt_s(K, T_D, T_V, p)

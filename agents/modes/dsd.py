@@ -186,11 +186,12 @@ class EdgeClient:
                                  tensor=np.array([sequence[-1]] + drafts, np.int32))):
             await self.ring.send(self.ring.pass_through(frame, now), 0)
 
-    async def verdict(self) -> tuple[int, int]:
-        frame, _ = await self.ring.receive()
+    async def verdict(self) -> tuple[int, int, float]:
+        """(accepted, the target's next token, when the verdict arrived)."""
+        frame, arrived = await self.ring.receive()
         if frame.kind != wire.Kind.VERDICT or frame.tensor is None or frame.tensor.shape != (2,):
             raise WireError(f"edge client {self.client} expected a verdict, got a {frame.kind.name} frame")
-        return int(frame.tensor[0]), int(frame.tensor[1])
+        return int(frame.tensor[0]), int(frame.tensor[1]), arrived
 
     async def run(self) -> int:
         ring, clock, config, k = self.ring, self.ring.clock, self.config, self.k
@@ -214,7 +215,7 @@ class EdgeClient:
             guess, ahead = None, ([], [], 0.0)
             if self.spec.pipelined:
                 guess, ahead = await self.draft_ahead(sequence + drafts)
-            accepted, nxt = await self.verdict()
+            accepted, nxt, arrived = await self.verdict()
             end = clock.now()
             hit = self.spec.pipelined and accepted == k and nxt == guess
             new = drafts[:accepted] + [nxt]
@@ -224,8 +225,8 @@ class EdgeClient:
             ring.report(LapRecord(lap, "spec", ring.mode, k + 1, len(new), last, end, (), end, ids=tuple(new),
                                   stream=self.client,
                                   extra={"k": k, "accepted": accepted, "draft_s": draft_s, "draft_real_s": real,
-                                         "ready": had,
-                                         "overlap_sum": 0.0, "wait_s": end - sent, "hit": hit, "client": self.client,
+                                         "ready": had, "overlap_sum": 0.0, "wait_s": end - sent,
+                                         "verdict_s": arrived - sent, "hit": hit, "client": self.client,
                                          "draft": config.draft}))
             last, lap = end, lap + 1
         ring.report(LapRecord(lap, "request", ring.mode, 0, generated, request_start, clock.now(), (), clock.now(),

@@ -18,6 +18,13 @@ class PlainMode:
         self.ring = ring
         self.generator = torch.Generator().manual_seed(config.seed)
 
+    @classmethod
+    def last_head(cls, config: DecodeConfig, ring: RingClient):
+        """placement.head = "last": the last stage samples each lap's token (agents.head.sampled_head)."""
+        from agents.head import sampled_head
+
+        return sampled_head(cls(config, ring).sample)
+
     def sample(self, logits: torch.Tensor) -> int:
         last = logits[-1]
         if self.config.temperature <= 0:

@@ -33,10 +33,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from agents import wire
 from agents.model import GPT, tree_mask
 from agents.modes.speculative import EPS, probabilities, sample
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
+from agents.stage import PipelineStage
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
 
@@ -202,6 +204,25 @@ class TreeMode:
         self.sequence: list[int] = []
         self.kept: list[int] = []  # slots of the last round's accepted path, for the next TREE plan
         self.generated = 0
+
+    @staticmethod
+    def last_head(config: DecodeConfig, ring: RingClient
+                  ) -> Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray]:
+        """placement.head = "last" (greedy only): the last stage verifies the lap's tree itself and returns the
+        accepted path's node indices and the next token; a prefill lap, the first token."""
+
+        def verified(stage: PipelineStage, frame: wire.Frame, hidden: np.ndarray) -> np.ndarray:
+            if frame.stream not in stage.last_tree or hidden.shape[1] != len(stage.last_tree[frame.stream][0]):
+                return np.array([int(torch.argmax(stage.logits(hidden)[-1]))], np.int32)  # a prefill lap
+            parents, tokens = stage.last_tree.pop(frame.stream)
+            tree = Tree(tokens[:1])
+            for parent, token in zip(parents[1:], tokens[1:]):
+                tree.add(parent, token, 0.0)
+            path, token = verify(tree, list(stage.logits(hidden)), "best-first", greedy=True,
+                                 generator=torch.Generator())
+            return np.array(path + [token], np.int32)
+
+        return verified
 
     def generator(self, purpose: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.config.seed * 1_000_003 + self.generated) * 4 + purpose)

@@ -127,7 +127,8 @@ class ModeInfo:
     """
 
     name: str
-    runner: str  # a class with `__init__(config, ring)` and `async run()`, driving laps through the ring client
+    runner: str  # a class with `__init__(config, ring)` and `async run()`, driving laps through the ring client;
+    # with "last" in its heads, also `last_head(config, ring)`: what the last stage returns (RingClient.last_head)
     metric_kind: str  # the `kind` label of its laps in Prometheus
     summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
     summary_field: str = "spec"  # the RunSummary field the summarizer's result goes to
@@ -138,22 +139,32 @@ class ModeInfo:
     # auto dilation calibrates it as itself at zero delay, not as plain decode of its ring: its overhead is off the
     # ring (dsd: the edge clients' hops); its summary part's calibration_lap() gives a lap's overhead and physics
     own_calibration: bool = False
+    min_stages: int = 1  # the smallest ring it runs on (several streams in flight need a second stage to be in)
+    greedy_on_last: bool = False  # with placement.head = "last" it decodes greedily only (the draft stays on the entry)
+    spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
+    # A run longer than the run log's window (testbed.run.summarize.mode_summary): a running summarizer reads
+    # LapTotals over every lap ((totals, scenario) -> its part); without one its summarizer reads the window's laps,
+    # with these fields of its part (field, lap kind) counted over the whole run.
+    running_summarizer: str | None = None
+    window_counts: tuple[tuple[str, str], ...] = ()
 
 
 # A new decode mode is one module plus one line here.
 MODES: dict[str, ModeInfo] = {info.name: info for info in (
     ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS),
     ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
-             summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec"),
+             summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec", spec_headline=True,
+             running_summarizer="testbed.run.modes.speculative:summarize_spec_totals"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
-             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams"),
+             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
-             summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True),
+             summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True, greedy_on_last=True,
+             window_counts=(("rounds", "tree"),)),
     # its laps: the edge clients' rounds (the server's are "verify")
     ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.run.modes.dsd:summarize_dsd",
-             summary_field="dsd", lap_kind="spec", own_calibration=True),
+             summary_field="dsd", lap_kind="spec", own_calibration=True, window_counts=(("rounds", "spec"),)),
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.run.modes.tp:summarize_tp",
-             summary_field="tp", every_agent=True),
+             summary_field="tp", every_agent=True, window_counts=(("tokens", "decode"),)),
 )}
 
 

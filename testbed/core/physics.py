@@ -228,7 +228,7 @@ def tp_token_s(link_s: dict[tuple[int, int], float], n_ranks: int, n_layers: int
 
 
 def dsd_round_s(placement: str, k: int, draft_s: float, verify_s: float, rtt_s: float = 0.0,
-                p_hit: float = 0.0) -> float:
+                p_hit: float = 0.0, waits_s: tuple[float, ...] = ()) -> float:
     """Seeds 002/003: one speculation round (K drafts, one verification of them) by where the draft runs.
 
         colocated        K t_d + t_v                      draft and target on the server; the client's RTT
@@ -242,6 +242,10 @@ def dsd_round_s(placement: str, k: int, draft_s: float, verify_s: float, rtt_s: 
     flight when the verdict landed is done (w: the rest of that step, 0 once all K + 1 steps are). So pipelining beats
     co-location only while RTT < p K t_d (for RTT + t_v >= (K + 1) t_d): the round trip must hide in the drafting
     window, seed 002's claim with the hit rate made explicit. Tokens per round are Gamma in every placement.
+
+    w is a sawtooth in the wait: it jumps from 0 to a whole t_d where RTT + t_v crosses a multiple of t_d, so on
+    such an edge a wait a microsecond long or short decides it. `waits_s`, the waits the edge measured (its missed
+    rounds': send to verdict), give w as its mean over them (in_flight_rest_s); none: the sawtooth at RTT + t_v.
     """
     if placement == "colocated":
         return k * draft_s + verify_s
@@ -249,11 +253,19 @@ def dsd_round_s(placement: str, k: int, draft_s: float, verify_s: float, rtt_s: 
         return k * draft_s + rtt_s + verify_s
     if placement == "pipelined":
         wait = rtt_s + verify_s
-        # a miss also finishes the draft step in flight when the verdict lands (none once all K + 1 are done)
-        steps = math.ceil(wait / draft_s - 1e-9) if draft_s > 0 else 0
-        waste = steps * draft_s - wait if steps <= k + 1 else 0.0
+        rests = [in_flight_rest_s(w, draft_s, k + 1) for w in waits_s or (wait,)]
+        waste = sum(rests) / len(rests)
         return p_hit * max(wait, (k + 1) * draft_s) + (1 - p_hit) * (k * draft_s + wait + waste)
     raise ValueError(f"placement must be colocated, edge or pipelined, got {placement!r}")
+
+
+def in_flight_rest_s(wait_s: float, step_s: float, steps: int) -> float:
+    """The rest of the draft step in flight when a verdict lands `wait_s` after drafting began: the next multiple
+    of `step_s` minus the wait; 0 once all `steps` are done (a wait past them), or without drafting."""
+    if step_s <= 0:
+        return 0.0
+    n = math.ceil(wait_s / step_s - 1e-9)
+    return n * step_s - wait_s if n <= steps else 0.0
 
 
 def pipelined_crossover_rtt_s(k: int, draft_s: float, verify_s: float, p_hit: float, step_s: float = 1e-4) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.core.decode import WireConfig
+from testbed.core.decode import MODES, WireConfig
 from testbed.core.records import JsonRecord
 
 
@@ -322,7 +322,9 @@ class RunSummary(JsonRecord):
 
     @property
     def is_speculative(self) -> bool:
-        return self.mode == "speculative"
+        """Its predicted rate is the speculative one (ModeInfo.spec_headline), not the wall."""
+        info = MODES.get(self.mode)
+        return info is not None and info.spec_headline
 
     @property
     def wall_predicted_tok_s(self) -> float | None:

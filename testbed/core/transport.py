@@ -41,6 +41,9 @@ class Inbound:
 class Transport(abc.ABC):
     """Listeners, connections and readers for one agent (TCP) or for every agent of a run (memory)."""
 
+    # every agent of the run in this one process: a process's figures (its memory) are the run's, not an agent's
+    one_process = False
+
     @abc.abstractmethod
     async def listen(self, host: str) -> tuple[trio.abc.Listener, int]:
         """A listener on `host` at a port of the transport's choosing, and that port."""
@@ -111,6 +114,8 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
 
 class MemoryNetwork(Transport):
     """Every listener and connection of one virtual run, in memory: nothing in between but what the shaper puts."""
+
+    one_process = True
 
     def __init__(self) -> None:
         self.ports: dict[int, MemoryListener] = {}

@@ -59,13 +59,6 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
                        chunks=len(chunks))
 
 
-# Mode summaries of a run longer than the run log's window. A mode with a running summarizer is summarized from
-# LapTotals over every lap; the others from the window's laps (means and rates of the recent laps), with these
-# fields (RunSummary part's field -> lap kind) counted over the whole run.
-RUNNING_SUMMARIZERS = {"speculative": "testbed.run.modes.speculative:summarize_spec_totals"}
-WINDOW_COUNTS = {"tree": {"rounds": "tree"}, "dsd": {"rounds": "spec"}, "tp": {"tokens": "decode"}}
-
-
 def from_laps(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], float | None]:
     """Per-hop and per-stage figures and the lap residual from the laps themselves (the window holds them all)."""
     sc = log.scenario
@@ -111,12 +104,12 @@ def mode_summary(log: RunLog):
         return None
     if log.complete:
         return resolve(info.summarizer)(list(log.laps), sc)
-    if info.name in RUNNING_SUMMARIZERS:
-        return resolve(RUNNING_SUMMARIZERS[info.name])(log.totals, sc)
+    if info.running_summarizer is not None:
+        return resolve(info.running_summarizer)(log.totals, sc)
     part = resolve(info.summarizer)(list(log.laps), sc)
     if part is None:
         return None
-    counts = {name: log.totals.kinds[kind] for name, kind in WINDOW_COUNTS.get(info.name, {}).items()}
+    counts = {name: log.totals.kinds[kind] for name, kind in info.window_counts}
     if hasattr(part, "texts"):  # every stream's whole text, not the window's
         counts["texts"] = tuple(vocabulary(sc.model).decode(log.stream_ids[s]) for s in sorted(log.stream_ids))
     return dataclasses.replace(part, **counts)

@@ -214,8 +214,9 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     seed = _number(net, "seed", 0, source, "network", integer=True)
     loss_rto_ms = _number(net, "loss_rto_ms", LOSS_RTO_MS, source, "network", minimum=1.0, maximum=60_000) * scale
     decode = decode_from_dict(section(raw, "decode", _DECODE_KEYS, source), source, scale)
-    if decode.mode == "streams" and len(stages) < 2:
-        raise ConfigError("several streams in flight need a ring of at least two stages", source=source,
+    if len(stages) < MODES[decode.mode].min_stages:
+        raise ConfigError(f"{decode.mode} decode needs a ring of at least {MODES[decode.mode].min_stages} stages",
+                          source=source,
                           key="decode.mode" if decode.streams == 1 else "decode.streams")
     wire_raw = section(raw, "wire", _WIRE_KEYS, source)
     wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
@@ -253,9 +254,10 @@ def check_head(placement: PlacementConfig, decode: DecodeConfig, n_stages: int, 
     if placement.head == "last" and n_stages < 2:
         raise ConfigError("the head on the last stage needs a ring of at least two stages (one stage is the entry)",
                           source=source, key="placement.head")
-    if placement.head == "last" and decode.mode == "tree" and decode.temperature > 0:
-        raise ConfigError("the last stage verifies a tree greedily only (sampling needs the draft's distributions, "
-                          "which stay on the entry): decode.temperature must be 0", source=source, key="placement.head")
+    if placement.head == "last" and MODES[decode.mode].greedy_on_last and decode.temperature > 0:
+        raise ConfigError(f"the last stage verifies {decode.mode} decode greedily only (sampling needs the draft's "
+                          "distributions, which stay on the entry): decode.temperature must be 0", source=source,
+                          key="placement.head")
     if placement.head not in MODES[decode.mode].heads:
         runs = " or ".join(f"{name} decode" for name, info in MODES.items() if placement.head in info.heads)
         raise ConfigError(f"{placement.head!r} runs {runs}, not {decode.mode!r} (a head off "

@@ -35,8 +35,10 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     up, down = round_bytes(k, model_config(sc.model).vocab_size)
     serialization = (up + down) / mbit_to_bytes_s(spec.rate_mbit)  # 0 when the edge link is unlimited
     rtt = spec.rtt_ms / 1e3 + serialization
+    # pipelined: where the missed rounds' verdicts landed in the edge's draft steps (their send-to-verdict waits)
+    waits = tuple(lap.extra["verdict_s"] for lap in rounds if not lap.extra["hit"] and "verdict_s" in lap.extra)
     predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,
-                                          p_hit)
+                                          p_hit, waits if spec.pipelined else ())
     prefills = [lap for lap in laps if lap.kind == "prefill"]
     # a prompt's lap and its wait behind other clients' laps at the entry (measured: the request's first part)
     prefill = float(np.mean([lap.duration_s + lap.extra.get("queue_s", 0.0) for lap in prefills])) if prefills else 0.0
@@ -64,3 +66,4 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
         aggregate_tok_s=aggregate, predicted_aggregate_tok_s=predicted_aggregate, server_busy=busy, batch_mean=batch,
         bytes_up_per_round=up, bytes_down_per_round=down,
         error_pct=(request / predicted_request - 1) * 100 if request else 0.0)
+
