@@ -129,6 +129,12 @@ class Shaper(abc.ABC):
         if self.schedule:
             raise ShapingError(f"the {self.name} backend cannot change links during a run")
 
+    async def realized_propagation(self) -> dict[str, tuple[float, int]]:
+        """Per link name, the mean propagation delay (s, on the clock the links run on: dilated where the run is)
+        its chunks drew so far and how many: the seeded jitter as it came out. {} where the backend does not know
+        (the kernel draws its own)."""
+        return {}
+
     def describe(self) -> dict:
         """Facts for the JSON summary (backend-specific extras welcome)."""
         return {"backend": self.name, "reason": self.reason, **({"probe": self.probe} if self.probe else {})}

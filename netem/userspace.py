@@ -59,6 +59,7 @@ class LinkTiming:
     rate_bytes_s: float = math.inf
     rto_s: float = DEFAULT_RTO_MS / 1e3
     seed: int = 0
+    link: str = ""  # its LinkSpec's name (the realized delays are reported by it)
 
     events: tuple[dict, ...] = ()  # testbed.scenario.schedule.LinkEvent fields, by at_s: applied once `origin` is set
     origin: float | None = None  # the clock's time the schedule counts from (the launcher sends it at run start)
@@ -71,12 +72,13 @@ class LinkTiming:
         self._last_deadline = -math.inf
         self._pending = sorted(self.events, key=lambda e: e["at_s"])
         self._up_at = -math.inf  # a partition: nothing leaves before this
+        self.drawn = [0.0, 0]  # every chunk's propagation delay as drawn (jitter included), summed; chunks
 
     @classmethod
     def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS, events: tuple[dict, ...] = ()) -> "LinkTiming":
         rate = link.rate_bytes_s
         return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed,
-                   events)
+                   link.name, events)
 
     def _apply(self, arrival: float) -> None:
         """Swap in every scheduled change due by `arrival` (a moving network: testbed.scenario.schedule)."""
@@ -103,6 +105,8 @@ class LinkTiming:
         propagation = self.delay_s
         if self.jitter_s:
             propagation = max(0.0, propagation + self._rng.gauss(0.0, self.jitter_s))
+        self.drawn[0] += propagation
+        self.drawn[1] += 1
         deadline = self._next_free + propagation
         if self.loss and self._rng.random() < self.loss:
             deadline += self.rto_s
@@ -213,6 +217,16 @@ async def relay(upstream: trio.abc.Stream, downstream: trio.abc.Stream, timing: 
         await trio.aclose_forcefully(downstream)
 
 
+def realized_propagation(timings: list[LinkTiming]) -> dict[str, tuple[float, int]]:
+    """Per link: (the mean propagation delay its chunks drew, s, in the clock's time; how many chunks), over every
+    connection the link carried: what the seeded jitter realized (Shaper.realized_propagation)."""
+    sums: dict[str, list[float]] = {}
+    for timing in timings:
+        total = sums.setdefault(timing.link, [0.0, 0])
+        total[0], total[1] = total[0] + timing.drawn[0], total[1] + timing.drawn[1]
+    return {link: (total / count, int(count)) for link, (total, count) in sums.items() if count}
+
+
 TIMINGS: list[LinkTiming] = []  # every link's timing in this relay process: the schedule's origin goes to each
 ORIGIN: list[float | None] = [None]  # the schedule's origin once known (a connection made later starts with it)
 
@@ -260,8 +274,12 @@ async def relay_process_main() -> None:
                                                    tuple(item.get("events", ())))
         sys.stdout.buffer.write(encode_line({"ports": ports}))
         sys.stdout.flush()
-        # {"origin": t}: the schedule starts (Shaper.start_schedule); the launcher closes our stdin when the run ends.
+        # {"origin": t}: the schedule starts (Shaper.start_schedule); {"realized": true}: the delays drawn so far,
+        # answered on stdout; the launcher closes our stdin when the run ends.
         while (line := await lines.receive_json()) is not None:
+            if line.get("realized"):
+                sys.stdout.buffer.write(encode_line({"realized": realized_propagation(TIMINGS)}))
+                sys.stdout.flush()
             if "origin" in line:
                 ORIGIN[0] = float(line["origin"])
                 for timing in TIMINGS:
@@ -309,6 +327,18 @@ class UserspaceShaper(Shaper):
         return [f"relay {link.name}: {describe_timing(link, self.options.loss_rto_ms)}"
                 for link in sorted(self.links, key=lambda l: (l.src, l.dst))] + [
             f"schedule at {e.at_s:g} s: {e.describe()}" for e in self.schedule]
+
+    async def realized_propagation(self) -> dict[str, tuple[float, int]]:
+        if self._process is None or self._process.stdin is None or self._process.stdout is None:
+            return {}
+        with trio.move_on_after(STARTUP_TIMEOUT_S):
+            try:
+                await self._process.stdin.send_all(encode_line({"realized": True}))
+                answer = await LineReader(self._process.stdout).receive_json()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return {}  # the relay is gone: its supervision reports why; nothing is known of its draws
+            return {link: (float(mean), int(n)) for link, (mean, n) in (answer or {}).get("realized", {}).items()}
+        return {}
 
     async def start_schedule(self, origin: float, nursery=None) -> None:
         if self.schedule and self._process is not None and self._process.stdin is not None:

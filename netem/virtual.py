@@ -22,7 +22,7 @@ import contextlib
 import trio
 
 from netem.base import Shaper, ShaperOptions
-from netem.userspace import TRIO_CLOCK, LinkTiming, describe_timing, relay
+from netem.userspace import TRIO_CLOCK, LinkTiming, describe_timing, realized_propagation, relay
 from testbed.core.clock import TRIO
 from testbed.core.records import Address, LinkSpec
 from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork
@@ -84,6 +84,9 @@ class VirtualShaper(Shaper):
             await relay(upstream, downstream, timing, TRIO_CLOCK)
 
         return handle
+
+    async def realized_propagation(self) -> dict[str, tuple[float, int]]:
+        return realized_propagation(self._timings)
 
     async def start_schedule(self, origin: float, nursery=None) -> None:
         self._origin = origin

@@ -81,6 +81,35 @@ def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
     assert 1 / lossy.measured_tok_s == pytest.approx(mean, rel=EXACT)
 
 
+def test_the_relay_reports_the_delays_it_drew():
+    """The relay's realized delays (Shaper.realized_propagation) are its seeded draws, every chunk it carried: the
+    decode laps' and the probes', the prompt's and the shutdown's. The faults study's jitter model with them
+    (drawn_lap_s) is a sample of this run, not the expectation: much nearer the lap than jitter_lap_s."""
+    import random
+
+    import trio
+
+    from testbed.run.launcher import run_scenario
+    from testbed.run.runlog import RunLog
+    from testbed.studies.faults.measure import drawn_lap_s
+
+    base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=150", "decode.temperature=0"]))
+    sc = with_fault(base, jitter_ms=3.0)
+    log = RunLog(sc)
+    summary = trio.run(lambda: run_scenario(sc, "virtual", runlog=log, log=lambda m: None))
+    for link in sc.ring:
+        mean, chunks = log.propagation[link.name]
+        assert chunks == PROBE_AND_PREFILL_CHUNKS + summary.laps + 1  # + the shutdown
+        rng = random.Random(link.seed)
+        replayed = [max(0.0, link.delay_ms / 1e3 + rng.gauss(0.0, link.jitter_ms / 1e3)) for _ in range(chunks)]
+        assert mean == pytest.approx(float(np.mean(replayed)), rel=1e-12)
+    lap = 1 / summary.measured_tok_s
+    drawn = drawn_lap_s(summary.compute_s, sc.ring, log.propagation, 1.0)
+    expected, _ = jitter_lap_s(summary.compute_s, [link.delay_ms / 1e3 for link in base.ring], 0.003)
+    assert abs(drawn / lap - 1) < 0.25 * abs(expected / lap - 1)  # here +0.16% against +1.0%
+    assert drawn_lap_s(summary.compute_s, sc.ring, {}, 1.0) is None  # a backend that does not report them
+
+
 def test_the_kernel_tcp_reader_parses_this_namespace():
     """/proc/thread-self/net of the test's own namespace: the counters are there, and established connections
     count as senders (RTO) or receivers (ATO) by whether their local port listens."""

@@ -147,6 +147,9 @@ class ModeInfo:
     # with these fields of its part (field, lap kind) counted over the whole run.
     running_summarizer: str | None = None
     window_counts: tuple[tuple[str, str], ...] = ()
+    # several sequences in flight: the run log keeps each one's tokens and a window of their decode laps, and the
+    # collector exports the streams gauges over it (testbed.run.runlog, testbed.run.collector)
+    per_stream: bool = False
 
 
 # A new decode mode is one module plus one line here.
@@ -156,7 +159,8 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec", spec_headline=True,
              running_summarizer="testbed.run.modes.speculative:summarize_spec_totals"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
-             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2),
+             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2,
+             per_stream=True),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
              summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True, greedy_on_last=True,
              window_counts=(("rounds", "tree"),)),

@@ -19,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from testbed.run import predict
 from testbed.core.decode import MODES
-from testbed.run.runlog import SPEC_MAX_POSITIONS, STREAMS_MODE, RunLog, RunningHistogram
+from testbed.run import runlog
+from testbed.run.runlog import SPEC_MAX_POSITIONS, RunLog, RunningHistogram
 from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}
@@ -182,7 +183,7 @@ class RunCollector:
             buckets, total = _merge([log.stage_queue[i] for log in logs])
             queue.add_metric([stage], buckets, total)
         yield from (rate, queue)
-        if current.scenario.decode.mode != STREAMS_MODE:
+        if not runlog.per_stream(current.scenario.decode.mode):
             return
         yield GaugeMetricFamily("testbed_streams_in_flight", "Streams mode: streams still decoding (decode.streams "
                                 "less those that produced all their tokens)", value=current.streams_in_flight)

@@ -284,6 +284,7 @@ class Launcher:
                 async with trio.open_nursery() as nursery:
                     try:
                         await self._run_agents(nursery, specs)
+                        self.runlog.propagation = await self.shaper.realized_propagation()
                     finally:
                         await self._stop_agents()
                     nursery.cancel_scope.cancel()

@@ -29,8 +29,13 @@ RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
 MAX_HISTORY_POINTS = 2000  # (and at most the window: every per-lap buffer is full once the window is)
 QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps (at most the window)
 SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
-STREAMS_MODE = "streams"
 STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
+
+
+def per_stream(mode: str) -> bool:
+    """Laps of this mode feed the per-stream figures (ModeInfo.per_stream)."""
+    info = MODES.get(mode)
+    return info is not None and info.per_stream
 
 
 class RunningHistogram:
@@ -180,6 +185,8 @@ class RunLog:
             maxlen=min(MAX_HISTORY_POINTS, window_laps))
         self.generated_tokens: int | None = None
         self.agent_usage: dict[int, AgentUsage] = {}  # stage -> what the agent reported at its end
+        # link name -> (mean propagation delay its chunks drew, s, box time; chunks): Shaper.realized_propagation
+        self.propagation: dict[str, tuple[float, int]] = {}
         self._recent: collections.deque[LapRecord] = collections.deque(maxlen=RATE_WINDOW_LAPS)
         # running aggregates, O(1) per lap: what the Prometheus collector reads at scrape time
         sc = scenario
@@ -253,7 +260,7 @@ class RunLog:
             self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
         if record.kind == "prefill" and not self._first_prompt_done():
             self.first_prompt.append(record)
-        if record.mode == STREAMS_MODE:
+        if per_stream(record.mode):
             self.stream_ids.setdefault(record.stream, []).extend(record.ids)
             before = self.stream_tokens[record.stream]
             self.stream_tokens[record.stream] += record.tokens
@@ -289,7 +296,7 @@ class RunLog:
             self.decode_hop_bytes[i] += size
         if record.kind == "spec":
             self._add_spec(record, compute)
-        if record.mode == STREAMS_MODE:
+        if per_stream(record.mode):
             self._add_streams_lap(record)
         self._recent.append(record)
         recent_s = sum(lap.duration_s for lap in self._recent)

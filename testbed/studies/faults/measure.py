@@ -61,7 +61,9 @@ class FaultRow(JsonRecord):
     error_pct: float
     same_output: bool  # greedy tokens equal to the clean run's
     lost_pct: float = 0.0  # loss: the share of the laps' hops that took a timeout (the seeded draws' realization)
-    predicted_lost_ms: float = 0.0  # loss: the model with that realized share (the mechanism, not the luck)
+    # the model with what the run realized (the mechanism, not the luck): loss, that share of lost hops; jitter, the
+    # delays the relay drew (measure.drawn_lap_s; the expectation where the backend does not report them)
+    predicted_lost_ms: float = 0.0
     penalty_ms: float = 0.0  # loss: measured mean lap less the clean (loss 0) row's
     model_penalty_ms: float = 0.0  # loss: the relay's model of it, N p RTO
     per_loss_ms: float = 0.0  # loss: mean time a lost hop took over its delay (what one loss cost)
@@ -175,6 +177,14 @@ def jitter_lap_s(compute_s: float, hops_s: list[float], sigma_s: float, seed: in
     return compute_s + mean, compute_s + float(np.percentile(draws.sum(axis=1), 99))
 
 
+def drawn_lap_s(compute_s: float, ring, propagation: dict[str, tuple[float, int]], factor: float) -> float | None:
+    """C + each ring hop's mean delay as the relay drew it (Shaper.realized_propagation, the box's time / D): the
+    jitter model with the seeded draws the run realized, not their expectation; None where they are not known."""
+    if not ring or any(link.name not in propagation for link in ring):
+        return None
+    return compute_s + sum(propagation[link.name][0] for link in ring) / factor
+
+
 def loss_lap_s(compute_s: float, t_ring_s: float, n_hops: int, p: float, rto_s: float) -> tuple[float, float]:
     """(mean, p99) of C + T_ring + k RTO, k ~ Binomial(n_hops, p)."""
     base = compute_s + t_ring_s
@@ -243,12 +253,13 @@ async def measure(args: argparse.Namespace, jitters: list[float], losses: list[f
             kernel = kernel_tcp(seen) if ran == "netem" else None
             threshold = KERNEL_LOST_EXTRA_S if ran == "netem" else rto_s / 2
             lost = lost_share(runlog, rto_s, threshold) if fault == "loss" else 0.0
-            realized = loss_lap_s(compute, base.t_ring_s, len(hops), lost, rto_s)[0]
+            realized = (loss_lap_s(compute, base.t_ring_s, len(hops), lost, rto_s)[0] if fault == "loss" else
+                        drawn_lap_s(compute, base.ring, runlog.propagation, dilation_of(summary)["dilation"]) or mean)
             over = [e for e in hop_extras_s(runlog) if e > threshold] if fault == "loss" else []
             rows.append(FaultRow(fault, value, len(laps), float(laps.mean()) * 1e3, float(np.percentile(laps, 99)) * 1e3,
                                  mean * 1e3, p99 * 1e3, (float(laps.mean()) / mean - 1) * 100,
                                  clean_ids is None or summary.token_ids == clean_ids, lost * 100,
-                                 realized * 1e3 if fault == "loss" else mean * 1e3,
+                                 realized * 1e3,
                                  (float(laps.mean()) - clean_lap_s) * 1e3 if fault == "loss" and clean_lap_s else 0.0,
                                  len(hops) * value / 100 * rto_s * 1e3 if fault == "loss" else 0.0,
                                  float(np.mean(over)) * 1e3 if over else 0.0, kernel, **dilation_of(summary)))
@@ -283,17 +294,19 @@ def table(result: FaultsResult) -> Table:
     for r in result.fault_rows:
         label = f"jitter {r.value:g} ms" if r.fault == "jitter" else f"loss {r.value:g}%"
         loss = r.fault == "loss" and r.value > 0
+        realized = r.value > 0 and r.predicted_lost_ms > 0 and (loss or r.predicted_lost_ms != r.predicted_ms)
         penalty = (f"{r.penalty_ms:.1f} / {r.model_penalty_ms:.1f}", f"{r.per_loss_ms:.0f}") if loss else ("", "")
         out.add_row(label, str(r.laps), f"{r.lap_ms:.1f} / {r.predicted_ms:.1f}", f"{r.error_pct:+.2f}",
                     f"{r.lap_ms_p99:.1f} / {r.predicted_ms_p99:.1f}", f"{r.lost_pct:.2f}" if loss else "",
-                    f"{r.predicted_lost_ms:.1f}" if loss else "",
-                    f"{(r.lap_ms / r.predicted_lost_ms - 1) * 100:+.2f}" if loss and r.predicted_lost_ms else "",
+                    f"{r.predicted_lost_ms:.1f}" if realized else "",
+                    f"{(r.lap_ms / r.predicted_lost_ms - 1) * 100:+.2f}" if realized else "",
                     *(penalty if kernel else ()),
                     "identical" if r.same_output else "DIFFERENT", dilation_cell(r.dilation, r.capped_error_pct))
         if kernel and loss:
             notes.append(f"{label}: {explain(r, result.rto_ms, result.n_hops)}")
     out.caption = ("loss: the model with the configured p (err %), and with the share of hops that did take a "
-                   "timeout (the seeded draws: the mechanism, not the luck)")
+                   "timeout (the seeded draws: the mechanism, not the luck); jitter: its expectation, and the "
+                   "delays the relay drew")
     luck = _sampling_note(result)
     out.caption += f"; {luck}" if luck else ""
     if kernel:
