@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from netem.uml import uml_available
 
     extra = list(sys.argv[1:] if argv is None else argv)
-    pytest_cmd = [sys.executable, "-m", "pytest", "-m", "netem", "-p", "no:cacheprovider", *extra]
+    pytest_cmd = [sys.executable, "-m", "pytest", "-m", "netem", "-p", "no:cacheprovider", "--durations=6", *extra]
     caps = probe()
     if caps.has_cap_net_admin and caps.has_netem and caps.has_veth and caps.has_netns:
         print("netem suite: running natively (root, sch_netem present)", flush=True)
