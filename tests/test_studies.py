@@ -120,3 +120,31 @@ def test_every_study_s_bench_row_runs_and_meets_its_prediction_on_virtual_time()
         if r["study"] != "faults":  # its jitter row predicts the mean over Normal draws; the run realizes 47 laps
             assert r["measured"] == pytest.approx(r["predicted"], rel=1e-6), r
     assert within(0.9, None) and not within(1.2, None) and within(-1.4, -0.5) and not within(-1.6, -0.5)
+
+
+def test_the_netem_rows_come_back_from_the_guest_and_are_held_to_3_percent(monkeypatch):
+    """Where the kernel lacks sch_netem the rows come back as JSON from one user-mode-linux guest (faked here:
+    the guest's command writes rows as _netem_entry would); the table holds them to 3%, not 1%."""
+    import subprocess
+
+    from rich.console import Console
+
+    from testbed.studies.bench import studies
+
+    row = {"study": "regimes", "shaper": "netem", "row": "decode", "unit": "tok/s", "measured": 1.0,
+           "predicted": 1.0, "error_pct": 2.5, "dilation": 3.0, "capped_error_pct": None, "run_s": 1.0}
+
+    def guest(command: list[str]) -> int:
+        assert command[command.index("--") + 2:command.index("--") + 4] == ["-m", "testbed.studies.bench.studies"]
+        out = command[command.index("--netem-json") + 1]
+        with open(out, "w") as f:
+            json.dump([{**row, "within": studies.within(row["error_pct"], None, studies.TARGET_PCT_BY_SHAPER["netem"])}], f)
+        return 0
+
+    monkeypatch.setattr("netem.probe.probe", lambda: type("Caps", (), {"has_cap_net_admin": True, "has_netem": False,
+                                                                      "detail": "no sch_netem"})())
+    monkeypatch.setattr("netem.uml.uml_available", lambda: (True, ""))
+    monkeypatch.setattr(subprocess, "call", guest)
+    rows = studies.studies_table(Console(quiet=True), ["netem"])
+    assert [r["error_pct"] for r in rows] == [2.5] and rows[0]["within"]
+    assert not studies.within(3.1, None, studies.TARGET_PCT_BY_SHAPER["netem"])
