@@ -215,6 +215,17 @@ async def test_the_warm_up_frame_opens_every_hop_before_the_first_lap_and_is_not
     assert (await run_scenario(sc, "virtual", log=lambda m: None)).laps == summary.laps and len(warmed) == 1
 
 
+def test_a_frame_is_warmed_when_it_and_its_header_outgrow_the_first_window():
+    """A fresh connection sends at most 65,535 bytes before the first ACK: the codecs study's 128-token f32 prompt
+    (65,536 bytes of payload) is warmed; a frame with room for its header and stamps is not."""
+    from agents import wire
+    from agents.ring import fits_first_window
+
+    assert not fits_first_window(128 * 128 * 4, 3)
+    room = 65_535 - wire.HEADER.size - 3 * wire.STAMP.size
+    assert fits_first_window(room, 3) and not fits_first_window(room + 1, 3) and not fits_first_window(room, 4)
+
+
 def whatif(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed", "whatif", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)

@@ -60,7 +60,7 @@ NETEM_STAGE_PAD_BUDGET_MS = 15.0
 NETEM_TIMER_SLACK = 0.01
 EARLY_MS = 0.05  # a hop is never early by more than this (netem's own timer slack)
 COMPUTE_MS = 10.0
-TOKENS = 30
+TOKENS = 20  # 19 decode laps at D = 10, 0.45 and 0.75 s each (issue 29: the netem suite at half its time)
 RINGS = [[5.0, 5.0, 5.0], [15.0, 10.0, 20.0]]
 DILATION = 10.0  # time dilation (testbed.run.dilation): the fixed budgets above count 1/D
 

@@ -148,3 +148,18 @@ def test_the_netem_rows_come_back_from_the_guest_and_are_held_to_3_percent(monke
     rows = studies.studies_table(Console(quiet=True), ["netem"])
     assert [r["error_pct"] for r in rows] == [2.5] and rows[0]["within"]
     assert not studies.within(3.1, None, studies.TARGET_PCT_BY_SHAPER["netem"])
+
+
+def test_a_capped_duration_row_expects_the_overhead_with_the_opposite_sign():
+    """The capped D's expected error is on the rate (the overhead lowers it); a line in ms or s is a time, which the
+    overhead lengthens: dsd's request at RTT 20 ms on netem, +2.37% at D = 2 with -1.75% expected on the rate, is
+    0.6 points from the +1.78% its time expects, not 4.1."""
+    from testbed.studies.base import BenchLine
+    from testbed.studies.bench.studies import within
+
+    time_line = BenchLine("request", "ms", 1329.0, 1298.3, 2.0, -1.75)
+    assert time_line.expected_error_pct == pytest.approx(100 / 98.25 * 100 - 100)
+    assert within(time_line.error_pct, time_line.expected_error_pct, 3.0)
+    assert not within(time_line.error_pct, time_line.capped_error_pct, 3.0)  # read as a rate's, it would miss
+    rate_line = BenchLine("decode", "tok/s", 98.0, 100.0, 2.0, -1.75)
+    assert rate_line.expected_error_pct == -1.75 and BenchLine("x", "s", 1.0, 1.0).expected_error_pct is None

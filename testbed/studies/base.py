@@ -53,6 +53,9 @@ class ReportPart:
     figures: tuple[Figure, ...] = ()
 
 
+DURATION_UNITS = ("s", "ms", "us")  # a BenchLine in these is a time, not a rate
+
+
 @dataclass(frozen=True)
 class BenchLine:
     """A study's line in `testbed bench`'s studies section: one measured figure beside its prediction."""
@@ -62,11 +65,20 @@ class BenchLine:
     measured: float
     predicted: float
     dilation: float = 1.0
-    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves on the rate
 
     @property
     def error_pct(self) -> float:
         return (self.measured / self.predicted - 1) * 100
+
+    @property
+    def expected_error_pct(self) -> float | None:
+        """The capped D's expected error on this line's figure: the overhead lowers a rate by e% and so lengthens a
+        duration (a line in s or ms) by 1 / (1 + e) - 1, the opposite sign."""
+        e = self.capped_error_pct
+        if e is None or self.unit not in DURATION_UNITS:
+            return e
+        return (100 / (100 + e) - 1) * 100
 
 
 @dataclass(frozen=True)

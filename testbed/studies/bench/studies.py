@@ -65,8 +65,8 @@ def study_row(study, shaper: str, console: Console, extra: tuple[str, ...] = ())
     line = study.bench.line(study.measure(args, Console(quiet=True)))
     return {"study": study.name, "shaper": shaper, "row": line.what, "unit": line.unit,
             "measured": line.measured, "predicted": line.predicted, "error_pct": line.error_pct,
-            "dilation": line.dilation, "capped_error_pct": line.capped_error_pct,
-            "within": within(line.error_pct, line.capped_error_pct, TARGET_PCT_BY_SHAPER.get(shaper, TARGET_PCT)),
+            "dilation": line.dilation, "capped_error_pct": line.expected_error_pct,
+            "within": within(line.error_pct, line.expected_error_pct, TARGET_PCT_BY_SHAPER.get(shaper, TARGET_PCT)),
             "run_s": time.monotonic() - started}
 
 
@@ -93,8 +93,9 @@ def netem_rows(console: Console) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def _rows_on_netem(console: Console) -> list[dict]:
-    return [study_row(study, "netem", console, ("--budget-s", f"{NETEM_BUDGET_S:g}")) for study in bench_studies()]
+def _rows_on_netem(console: Console, only: set[str] | None = None, budget_s: float = NETEM_BUDGET_S) -> list[dict]:
+    return [study_row(study, "netem", console, ("--budget-s", f"{budget_s:g}")) for study in bench_studies()
+            if only is None or study.name in only]
 
 
 def within(error_pct: float, capped_error_pct: float | None, target_pct: float = TARGET_PCT) -> bool:
@@ -107,8 +108,11 @@ def _netem_entry(argv: list[str]) -> int:
     """Inside user-mode-linux: every study's row on netem, written as JSON (netem_rows reads it)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--netem-json", required=True)
-    out = Path(parser.parse_args(argv).netem_json)
-    out.write_text(json.dumps(_rows_on_netem(Console(stderr=True))))
+    parser.add_argument("--only", help="these studies' rows (comma-separated names), not every one")
+    parser.add_argument("--budget-s", type=float, default=NETEM_BUDGET_S, help="each study's wall-time budget")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    Path(args.netem_json).write_text(json.dumps(_rows_on_netem(Console(stderr=True), only, args.budget_s)))
     return 0
 
 
