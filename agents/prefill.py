@@ -8,6 +8,7 @@ import torch
 
 from agents import wire
 from testbed.core.errors import WireError
+from testbed.core.facts import PrefillChunk
 from testbed.core.records import HeadTiming, LapRecord
 
 
@@ -43,10 +44,10 @@ async def chunked_prefill(ring: Any, ids: list[int], chunk: int, decide: Callabl
         lap_no, start, front = sent[j]
         if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
             raise WireError(f"expected prefill chunk lap {lap_no} back, got {back.kind.name} lap {back.lap}")
-        extra = {"chunk": j, "chunks": n}
+        facts = PrefillChunk(j, n)
         if j < n - 1:
             ring.report(LapRecord(lap_no, "prefill", ring.mode, len(block), 0, start, return_recv, back.stamps,
-                                  return_recv, extra=extra))
+                                  return_recv, facts=facts))
             continue
         head_start = ring.clock.now()
         result = ring.head(back, decide)
@@ -56,6 +57,6 @@ async def chunked_prefill(ring: Any, ids: list[int], chunk: int, decide: Callabl
                                                                          ring.dilation * real) - front))
         end = ring.clock.now()
         record = LapRecord(lap_no, "prefill", ring.mode, len(block), 0, start, end, back.stamps, return_recv,
-                           HeadTiming(head_start, head_real_end, end), extra=extra)
+                           HeadTiming(head_start, head_real_end, end), facts=facts)
     return result, record
 

@@ -25,6 +25,7 @@ from agents.modes.plain import PlainMode
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import WireError
+from testbed.core.facts import TpToken
 from testbed.core.records import LapRecord, Stamp
 
 
@@ -215,6 +216,6 @@ class TPMode(PlainMode):
         head = end - t0
         stamp = Stamp(ring.index, start, start, start + real + head, start + compute + head, start + compute + head,
                       self.allreduce.sent_bytes - sent)
-        extra = {"segment_s": compute / segments, "head_s": head, "comm_s": end - start - compute - head,
-                 "collectives": segments, "messages": self.allreduce.messages - messages, "ranks": ring.n_stages}
-        return token, LapRecord(lap_no, kind, ring.mode, len(block), 0, start, end, (stamp,), end, extra=extra)
+        facts = TpToken(compute / segments, head, end - start - compute - head, segments,
+                        self.allreduce.messages - messages, ring.n_stages)
+        return token, LapRecord(lap_no, kind, ring.mode, len(block), 0, start, end, (stamp,), end, facts=facts)

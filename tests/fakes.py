@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from testbed.scenario.config import scenario_from_dict
+from testbed.core.facts import SpecRound
 from testbed.core.records import HeadTiming, LapRecord, Stamp
 
 STAGES: Final = ["hong-kong", "dublin", "new-york"]
@@ -35,8 +36,7 @@ def fake_lap(lap: int, start: float, *, spec: bool) -> LapRecord:
     head = HeadTiming(t, t + 0.0003, end)
     if spec:
         return LapRecord(lap, "spec", "speculative", SPEC_K + 1, SPEC_ACCEPTED + 1, start, end, tuple(stamps), t, head,
-                         extra={"k": SPEC_K, "accepted": SPEC_ACCEPTED, "draft_s": SPEC_DRAFT_S, "overlap_sum": 2.4,
-                                "draft": "trained", "k_auto": False})
+                         facts=SpecRound(SPEC_K, SPEC_ACCEPTED, SPEC_DRAFT_S, SPEC_DRAFT_S, 2.4, "trained"))
     return LapRecord(lap, "decode", "plain", 1, 1, start, end, tuple(stamps), t, head, ids=(65,))
 
 

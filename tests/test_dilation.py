@@ -35,8 +35,8 @@ def test_a_time_scaled_lap_scales_every_stamp_and_duration():
     assert half.hop_latencies_s() == pytest.approx([h / 2 for h in lap.hop_latencies_s()])
     assert half.stage_compute_s() == pytest.approx([c / 2 for c in lap.stage_compute_s()])
     assert half.stage_real_s() == pytest.approx([c / 2 for c in lap.stage_real_s()])
-    assert half.extra["draft_s"] == pytest.approx(SPEC_DRAFT_S / 2)  # "_s" keys are durations
-    assert half.extra["k"] == lap.extra["k"] and half.extra["accepted"] == lap.extra["accepted"]
+    assert half.facts.draft_s == pytest.approx(SPEC_DRAFT_S / 2)  # "_s" fields are durations
+    assert half.facts.k == lap.facts.k and half.facts.accepted == lap.facts.accepted
     assert half.ids == lap.ids and half.tokens == lap.tokens
     assert lap.time_scaled(1.0) is lap
 

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from testbed.run.collector import RunCollector
+from testbed.core.facts import PrefillChunk, SpecRound
 from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
@@ -61,14 +62,24 @@ def test_summary_json_round_trips():
 
 def test_a_lap_record_is_the_plain_data_asdict_gives_and_reads_back():
     """JsonRecord.to_dict/from_dict (a conversion planned once per type) against dataclasses.asdict and the
-    record itself, on a lap with stamps, a head, ids and a mode's extra facts; a bad field is still named."""
-    lap = dataclasses.replace(fake_lap(3, 0.3, spec=True), ids=(65, 66), extra={"k": 4, "per_position": [1, 0]})
-    assert lap.to_dict() == dataclasses.asdict(lap)
-    assert LapRecord.from_json(lap.to_json()) == lap
+    record itself, on a lap with stamps, a head, ids and a mode's typed facts (under "extra", with their class's
+    name); a bad field is still named, and so are facts of no known class or with a field they lack."""
+    lap = dataclasses.replace(fake_lap(3, 0.3, spec=True), ids=(65, 66))
+    plain = dataclasses.asdict(lap)
+    plain["extra"] = {"facts": "SpecRound", **plain.pop("facts")}
+    assert lap.to_dict() == plain and plain["extra"]["k"] == SPEC_K and plain["extra"]["draft_s"] == SPEC_DRAFT_S
+    assert LapRecord.from_json(lap.to_json()) == lap and isinstance(LapRecord.from_json(lap.to_json()).facts, SpecRound)
+    chunk = dataclasses.replace(lap, facts=PrefillChunk(1, 2))
+    assert LapRecord.from_json(chunk.to_json()) == chunk and LapRecord.from_dict(fake_lap(1, 0.0, spec=False).to_dict()).facts is None
     data = lap.to_dict()
     data["stamps"][1]["colour"] = "red"
     with pytest.raises(ValueError, match=r"LapRecord.stamps\[1\]: unknown field\(s\) colour"):
         LapRecord.from_dict(data)
+    for facts, message in (({"facts": "Gossip", "k": 4}, "facts 'Gossip' is not one of"),
+                           ({"k": 4}, "facts None is not one of"),
+                           ({**plain["extra"], "per_position": [1]}, r"\(SpecRound\): unknown field\(s\) per_position")):
+        with pytest.raises(ValueError, match=message):
+            LapRecord.from_dict({**lap.to_dict(), "extra": facts})
 
 
 def test_collector_reads_the_logs_at_scrape_time():
@@ -113,14 +124,14 @@ def varied(mode: str, laps: int, window_laps: int, **kwargs) -> RunLog:
     first = fake_lap(0, 0.0, spec=False)
     for chunk in range(2):
         log.add_lap(dataclasses.replace(first, kind="prefill", mode=mode, n_tok=16, ids=(),
-                                        extra={"chunk": chunk, "chunks": 2}))
+                                        facts=PrefillChunk(chunk, 2)))
     for i in range(laps):
         lap = fake_lap(i, i * 0.1, spec=mode == "speculative")
         if mode == "speculative":
             k = 2 + i % 4
-            lap = dataclasses.replace(lap, extra=lap.extra | {"k": k, "accepted": (i * 7) % (k + 1),
-                                                              "overlap_sum": 0.3 * k + 0.01 * (i % 5),
-                                                              "draft_s": 0.001 * k * (1 + 0.1 * (i % 3))})
+            lap = dataclasses.replace(lap, facts=dataclasses.replace(lap.facts, k=k, accepted=(i * 7) % (k + 1),
+                                                                     overlap_sum=0.3 * k + 0.01 * (i % 5),
+                                                                     draft_s=0.001 * k * (1 + 0.1 * (i % 3))))
         stamps = tuple(dataclasses.replace(s, recv=s.recv + 1e-4 * ((i * 13 + s.stage) % 10)) for s in lap.stamps)
         log.add_lap(dataclasses.replace(lap, stamps=stamps))
     return log

@@ -11,8 +11,8 @@ spec.pipelined: after sending a round the client keeps drafting the most likely 
 guess for the target's next token, then K drafts after it) while the round is verified; if the verdict accepts
 all K and its next token is the guess, those drafts are the next round's, sent at once; otherwise they are dropped.
 
-The edge reports one "spec" lap per round (start: the previous verdict; end: this one; extra: what it drafted,
-waited and accepted) and a "request" lap for the whole request; the entry reports its "verify" laps.
+The edge reports one "spec" lap per round (start: the previous verdict; end: this one; its facts a DsdRound: what it
+drafted, waited and accepted) and a "request" lap for the whole request; the entry reports its "verify" laps.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from agents.prompts import prompt_ids
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
+from testbed.core.facts import DsdRequest, DsdRound, DsdVerify
 from testbed.core.records import LapRecord, Stamp
 
 LAP_KINDS = ("verify", "prefill")
@@ -52,7 +53,7 @@ class VerifyServer:
         self.config, self.ring = config, ring
         self.probs: dict[int, np.ndarray] = {}
         self.rand: dict[int, PositionRandom] = {}
-        self.overlaps: dict[int, dict[str, float]] = {}  # sum_x min(p, q) over the round's drafts: alpha-hat
+        self.overlaps: dict[int, float] = {}  # sum_x min(p, q) over the round's drafts: alpha-hat
 
     async def receive(self) -> tuple[wire.Frame, float]:
         with trio.move_on_after(self.ring.lap_timeout_s):
@@ -82,7 +83,7 @@ class VerifyServer:
 
         def decide(logits: torch.Tensor) -> tuple[int, int]:
             p = [probabilities(row, config.temperature) for row in logits]
-            self.overlaps[c] = {"overlap_sum": sum(overlap(p[i], qs[i]) for i in range(len(drafts)))}
+            self.overlaps[c] = sum(overlap(p[i], qs[i]) for i in range(len(drafts)))
             return verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
 
         return decide
@@ -142,10 +143,10 @@ class VerifyServer:
         ring, c = self.ring, frame.stream
         reply = wire.Frame(wire.Kind.VERDICT, stream=c, lap=frame.lap, pos=frame.pos, tensor=np.array(verdict, np.int32))
         await ring.send(ring.pass_through(reply, ring.clock.now()), ring.n_stages + c)
-        extra = {"client": c, "queue_s": max(0.0, record.start - recv), "k": frame.tensor.size - 1,
-                 "batch": record.stamps[0].batch if record.stamps else 1, **self.overlaps.pop(c, {})}
+        facts = DsdVerify(c, max(0.0, record.start - recv), frame.tensor.size - 1,
+                          record.stamps[0].batch if record.stamps else 1, self.overlaps.pop(c, None))
         first = {"tokens": 1, "ids": (verdict[1],)} if frame.flags & wire.PROMPT else {}
-        ring.report(dataclasses.replace(record, extra=extra, **first))
+        ring.report(dataclasses.replace(record, facts=facts, **first))
 
 
 class EdgeClient:
@@ -224,13 +225,11 @@ class EdgeClient:
             ready = ahead if hit else None
             ring.report(LapRecord(lap, "spec", ring.mode, k + 1, len(new), last, end, (), end, ids=tuple(new),
                                   stream=self.client,
-                                  extra={"k": k, "accepted": accepted, "draft_s": draft_s, "draft_real_s": real,
-                                         "ready": had, "overlap_sum": 0.0, "wait_s": end - sent,
-                                         "verdict_s": arrived - sent, "hit": hit, "client": self.client,
-                                         "draft": config.draft}))
+                                  facts=DsdRound(k, accepted, draft_s, real, had, 0.0, end - sent, arrived - sent, hit,
+                                                 self.client, config.draft)))
             last, lap = end, lap + 1
         ring.report(LapRecord(lap, "request", ring.mode, 0, generated, request_start, clock.now(), (), clock.now(),
-                              stream=self.client, extra={"client": self.client, "rounds": lap}))
+                              stream=self.client, facts=DsdRequest(self.client, lap)))
         await ring.send(ring.pass_through(wire.Frame(wire.Kind.DRAFT, stream=self.client, flags=wire.BYE,
                                                      tensor=np.zeros(0, np.int32)), clock.now()), 0)
         return generated

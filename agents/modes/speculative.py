@@ -30,6 +30,7 @@ from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
+from testbed.core.facts import SpecRound
 
 K_AUTO_START = 4  # K before anything has been measured
 K_AUTO_WARMUP_ROUNDS = 3  # rounds at K_AUTO_START before the online choice takes over
@@ -233,7 +234,7 @@ def k_schedule(config: DecodeConfig) -> Callable[[int, KChooser], int | None]:
 
 
 class SpeculativeMode:
-    """The entry node's decode loop with speculation; lap records carry the per-round figures in `extra`.
+    """The entry node's decode loop with speculation; lap records carry the per-round figures (SpecRound facts).
 
     Ends after config.tokens tokens and at least config.min_rounds rounds, or, for a K sweep, after the last K's
     rounds.
@@ -284,12 +285,11 @@ class SpeculativeMode:
         self.generated += len(new_tokens)
         self.chooser.observe(overlaps, draft_time, k, record.compute_s, record.ring_s, accepted)
         sweeping = bool(config.k_sweep)
-        round_info = {"k": k, "accepted": accepted, "draft_s": draft_time, "draft_real_s": draft_real,
-                      "overlap_sum": sum(overlaps), "draft": config.draft, "alpha_hat": self.chooser.alpha_hat,
-                      "k_auto": config.k == "auto" and not sweeping}
+        facts = SpecRound(k, accepted, draft_time, draft_real, sum(overlaps), config.draft, self.chooser.alpha_hat,
+                          config.k == "auto" and not sweeping)
         # a round is the draft plus the verify lap
         self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new_tokens),
-                                             ids=tuple(new_tokens), extra=round_info))
+                                             ids=tuple(new_tokens), facts=facts))
 
     async def run(self) -> int:
         config = self.config

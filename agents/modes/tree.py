@@ -41,6 +41,7 @@ from agents.ring import CONTEXT_KEEP, RingClient
 from agents.stage import PipelineStage
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
+from testbed.core.facts import TreeRound
 
 
 @dataclass
@@ -259,9 +260,8 @@ class TreeMode:
         self.kept = [pos + i for i in path]
         self.sequence.extend(new)
         self.generated += len(new)
-        extra = {"tree_n": len(tree.tokens) - 1, "accepted": len(path), "draft_s": draft_s, "draft_real_s": draft_real,
-                 "draft_steps": steps, "depth": max(tree.depths), "policy": config.tree_policy}
-        self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new), ids=tuple(new), extra=extra))
+        facts = TreeRound(len(tree.tokens) - 1, len(path), draft_s, draft_real, steps, max(tree.depths), config.tree_policy)
+        self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new), ids=tuple(new), facts=facts))
 
     async def run(self) -> int:
         config = self.config

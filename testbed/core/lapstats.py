@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from testbed.core.decode import decode_lap_kinds
+from testbed.core.facts import SpecRound
 from testbed.core.records import LapRecord
 
 DECODE_KINDS = decode_lap_kinds()  # laps that produce decode tokens (prefill and probes do not): the modes' lap_kind
@@ -94,8 +95,8 @@ class RoundTotals:
     def add(self, lap: LapRecord, compute_s: float) -> None:
         self.rounds += 1
         self.tokens += lap.tokens
-        self.drafted += lap.extra["k"]
-        self.draft_s += lap.extra["draft_s"]
+        self.drafted += lap.facts.k
+        self.draft_s += lap.facts.draft_s
         self.compute_s += compute_s
         self.duration_s += lap.duration_s
 
@@ -110,13 +111,13 @@ class SpecTotals:
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    last_extra: dict = field(default_factory=dict)  # the latest round's extra (its K, draft, k_auto)
+    last_round: SpecRound | None = None  # the latest round's facts (its K, draft, k_auto)
 
     def add(self, lap: LapRecord, compute_s: float) -> None:
-        k, accepted = lap.extra["k"], lap.extra["accepted"]
+        k, accepted = lap.facts.k, lap.facts.accepted
         self.overall.add(lap, compute_s)
         self.by_k.setdefault(k, RoundTotals()).add(lap, compute_s)
-        self.overlap_sum += lap.extra["overlap_sum"]
+        self.overlap_sum += lap.facts.overlap_sum
         self.accepted += accepted
         if k > len(self.drafted_per_position):
             grow = k - len(self.drafted_per_position)
@@ -125,7 +126,7 @@ class SpecTotals:
         for i in range(k):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < accepted)
-        self.last_extra = lap.extra
+        self.last_round = lap.facts
 
 
 class LapTotals:
@@ -170,7 +171,7 @@ class LapTotals:
             self.stage_compute[i].add(c)
             self.stage_real[i].add(r)
         compute_s = sum(compute)
-        self.residual.add(lap.duration_s - compute_s - sum(hops_s) - lap.extra.get("draft_s", 0.0))
+        self.residual.add(lap.duration_s - compute_s - sum(hops_s) - lap.draft_s)
         if lap.kind == "spec":
             self.spec.add(lap, compute_s)
 

@@ -13,6 +13,7 @@ from typing import Callable, TYPE_CHECKING
 
 from testbed.scenario.config import Scenario
 from testbed.core.decode import MODES
+from testbed.core.facts import PrefillChunk
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import BYTES_PER_MBIT, LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
@@ -305,17 +306,17 @@ class RunLog:
 
     def _add_spec(self, record: LapRecord, compute: list[float]) -> None:
         """One speculation round into the speculative aggregates."""
-        k, accepted = record.extra["k"], record.extra["accepted"]
+        k, accepted = record.facts.k, record.facts.accepted
         self.spec_rounds += 1
         self.spec_draft_tokens += k
         self.spec_accepted_tokens += accepted
         self.spec_tokens += record.tokens
-        self.spec_overlap_sum += record.extra["overlap_sum"]
+        self.spec_overlap_sum += record.facts.overlap_sum
         for position in range(min(accepted, SPEC_MAX_POSITIONS)):
             self.spec_accepted_per_position[position] += 1
-        self.spec_draft_seconds.observe(record.extra["draft_s"])
+        self.spec_draft_seconds.observe(record.facts.draft_s)
         self.spec_last_k = k
-        self.spec_draft_s_sum += record.extra["draft_s"]
+        self.spec_draft_s_sum += record.facts.draft_s
         self.spec_compute_s_sum += sum(compute)
         self.spec_k_counts[k] += 1
 
@@ -328,8 +329,10 @@ class RunLog:
             histogram.observe(wait_s)
 
     def _first_prompt_done(self) -> bool:
-        last = self.first_prompt[-1].extra if self.first_prompt else None
-        return last is not None and last.get("chunk", 0) + 1 >= last.get("chunks", 1)
+        if not self.first_prompt:
+            return False
+        last = self.first_prompt[-1].facts
+        return not isinstance(last, PrefillChunk) or last.chunk + 1 >= last.chunks
 
     def streams_window(self) -> StreamsWindow | None:
         """The streams gauges' figures over streams_recent (computed at scrape time, not per lap)."""

@@ -81,7 +81,7 @@ def from_laps(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], 
                                    float(stage_real[:, i].mean()) * 1e3 if measured_stage and i < stage_real.shape[1] else None)
                       for i, st in enumerate(sc.stages))
     # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
-    residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.extra.get("draft_s", 0.0)
+    residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.draft_s
                                for lap in decode])) * 1e3 if decode else None)
     return per_hop, per_stage, residual
 

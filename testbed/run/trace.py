@@ -139,7 +139,7 @@ def lap_events(record: LapRecord, scenario: Scenario, origin: float, args: dict[
     if not stamps:
         return events
     entry = stamps[0].stage
-    span("draft" if "draft_s" in record.extra else "wait", "stage", stage_pid(entry), record.start, stamps[0].recv)
+    span("draft" if record.draft_s else "wait", "stage", stage_pid(entry), record.start, stamps[0].recv)
     rates = {(link.src, link.dst): link.rate_bytes_s for link in scenario.links}
     for i, (stamp, hop_s) in enumerate(zip(stamps, record.hop_latencies_s())):
         pid = stage_pid(stamp.stage)

@@ -7,6 +7,7 @@ import numpy as np
 from agents import wire
 from testbed.scenario.config import Scenario
 from testbed.core import physics
+from testbed.core.facts import DsdVerify
 from testbed.core.records import LapRecord, mbit_to_bytes_s
 from testbed.core.summary import DsdSummary
 
@@ -16,33 +17,38 @@ def round_bytes(k: int, vocab: int) -> tuple[int, int]:
     return 2 * frame + 4 * k * vocab + 4 * (k + 1), frame + 8
 
 
+def queue_s(lap: LapRecord) -> float:
+    """A prompt's wait behind other clients' passes at the entry (DsdVerify), 0 for a lap that did not wait."""
+    return lap.facts.queue_s if isinstance(lap.facts, DsdVerify) else 0.0
+
+
 def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     rounds = [lap for lap in laps if lap.kind == "spec"]
     verifies = [lap for lap in laps if lap.kind == "verify"]
     requests = [lap for lap in laps if lap.kind == "request"]
     if not rounds or not verifies:
         return None
-    k = int(rounds[0].extra["k"])
+    k = rounds[0].facts.k
     spec = sc.spec
     gamma = float(np.mean([lap.tokens for lap in rounds]))
-    fresh = [lap for lap in rounds if not lap.extra["ready"]] or rounds  # drafted all K after their verdict
-    draft = float(np.mean([lap.extra["draft_s"] for lap in fresh])) / k
+    fresh = [lap for lap in rounds if not lap.facts.ready] or rounds  # drafted all K after their verdict
+    draft = float(np.mean([lap.facts.draft_s for lap in fresh])) / k
     verify = float(np.mean([lap.duration_s for lap in verifies]))
-    queue = float(np.mean([lap.extra["queue_s"] for lap in verifies]))
-    p_hit = float(np.mean([bool(lap.extra["ready"]) for lap in rounds])) if spec.pipelined else 0.0  # began drafted
+    queue = float(np.mean([lap.facts.queue_s for lap in verifies]))
+    p_hit = float(np.mean([bool(lap.facts.ready) for lap in rounds])) if spec.pipelined else 0.0  # began drafted
     from agents.configs import model_config  # the target's vocabulary: what a PROBS row holds
 
     up, down = round_bytes(k, model_config(sc.model).vocab_size)
     serialization = (up + down) / mbit_to_bytes_s(spec.rate_mbit)  # 0 when the edge link is unlimited
     rtt = spec.rtt_ms / 1e3 + serialization
     # pipelined: where the missed rounds' verdicts landed in the edge's draft steps (their send-to-verdict waits)
-    waits = tuple(lap.extra["verdict_s"] for lap in rounds if not lap.extra["hit"] and "verdict_s" in lap.extra)
+    waits = tuple(lap.facts.verdict_s for lap in rounds if not lap.facts.hit)
     predicted_round = physics.dsd_round_s("pipelined" if spec.pipelined else "edge", k, draft, verify + queue, rtt,
                                           p_hit, waits if spec.pipelined else ())
     prefills = [lap for lap in laps if lap.kind == "prefill"]
     # a prompt's lap and its wait behind other clients' laps at the entry (measured: the request's first part)
-    prefill = float(np.mean([lap.duration_s + lap.extra.get("queue_s", 0.0) for lap in prefills])) if prefills else 0.0
-    n_rounds = float(np.mean([lap.extra["rounds"] for lap in requests])) if requests else float(len(rounds))
+    prefill = float(np.mean([lap.duration_s + queue_s(lap) for lap in prefills])) if prefills else 0.0
+    n_rounds = float(np.mean([lap.facts.rounds for lap in requests])) if requests else float(len(rounds))
     request = float(np.mean([lap.duration_s for lap in requests])) if requests else 0.0
     predicted_request = spec.rtt_ms / 1e3 + prefill + n_rounds * predicted_round
     # every client's own decode rate, summed: the aggregate while they all decode (they start and end together)
@@ -52,10 +58,10 @@ def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     span = max(max(lap.end for lap in rounds) - min(lap.start for lap in rounds), 1e-9)
     passes = {(lap.start, lap.end) for lap in verifies}  # a batched pass is one lap per client in it
     busy = sum(end - start for start, end in passes) / span
-    batch = float(np.mean([lap.extra.get("batch", 1) for lap in verifies]))
+    batch = float(np.mean([lap.facts.batch for lap in verifies]))
     # the clients' own cycle (their queueing at the entry included), or the saturated entry: b passes of Gamma per t_v
     predicted_aggregate = min(spec.clients * gamma / predicted_round, batch * gamma / verify)
-    overlaps = [lap.extra["overlap_sum"] for lap in verifies if "overlap_sum" in lap.extra]
+    overlaps = [lap.facts.overlap_sum for lap in verifies if lap.facts.overlap_sum is not None]
     return DsdSummary(
         clients=spec.clients, pipelined=spec.pipelined, k=k, rtt_ms=spec.rtt_ms, rounds=len(rounds),
         tokens_per_round=gamma, alpha_hat=sum(overlaps) / (k * len(overlaps)) if overlaps else None,

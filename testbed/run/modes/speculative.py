@@ -8,6 +8,7 @@ import numpy as np
 
 from testbed.scenario.config import Scenario
 from testbed.core import physics
+from testbed.core.facts import SpecRound
 from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import PerKRow, SpecRates, SpecSummary
@@ -17,10 +18,10 @@ ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 
 def rate_figures(rounds: Sequence[LapRecord], t_ring_s: float, alpha: float) -> SpecRates:
     """Measured and predicted figures of a set of rounds (all rounds of a run, or those at one K)."""
-    ks = [lap.extra["k"] for lap in rounds]
+    ks = [lap.facts.k for lap in rounds]
     return _rates(len(rounds), float(np.mean([lap.tokens for lap in rounds])),
                   float(np.mean([physics.gamma(min(alpha, 1.0), k) for k in ks])),
-                  float(np.mean([lap.extra["draft_s"] for lap in rounds])), float(np.mean(ks)),
+                  float(np.mean([lap.facts.draft_s for lap in rounds])), float(np.mean(ks)),
                   float(np.mean([lap.compute_s for lap in rounds])),
                   float(np.mean([lap.duration_s for lap in rounds])),
                   sum(lap.tokens for lap in rounds) / sum(lap.duration_s for lap in rounds), t_ring_s)
@@ -51,18 +52,18 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
     rounds = [lap for lap in laps if lap.kind == "spec"]
     if not rounds:
         return None
-    ks = [lap.extra["k"] for lap in rounds]
-    alpha = sum(lap.extra["overlap_sum"] for lap in rounds) / sum(ks)
+    ks = [lap.facts.k for lap in rounds]
+    alpha = sum(lap.facts.overlap_sum for lap in rounds) / sum(ks)
     accepted_per_pos = [0] * max(ks)
     drafted_per_pos = [0] * max(ks)
     for lap in rounds:
-        for i in range(lap.extra["k"]):
+        for i in range(lap.facts.k):
             drafted_per_pos[i] += 1
-            accepted_per_pos[i] += int(i < lap.extra["accepted"])
+            accepted_per_pos[i] += int(i < lap.facts.accepted)
     t_ring = scenario.t_ring_s
-    by_k = {k: rate_figures([lap for lap in rounds if lap.extra["k"] == k], t_ring, alpha) for k in sorted(set(ks))}
-    return _spec_summary(scenario, rate_figures(rounds, t_ring, alpha), by_k, alpha, rounds[-1].extra,
-                         k_mean=float(np.mean(ks)), drafted=sum(ks), accepted=sum(lap.extra["accepted"] for lap in rounds),
+    by_k = {k: rate_figures([lap for lap in rounds if lap.facts.k == k], t_ring, alpha) for k in sorted(set(ks))}
+    return _spec_summary(scenario, rate_figures(rounds, t_ring, alpha), by_k, alpha, rounds[-1].facts,
+                         k_mean=float(np.mean(ks)), drafted=sum(ks), accepted=sum(lap.facts.accepted for lap in rounds),
                          drafted_per_pos=drafted_per_pos, accepted_per_pos=accepted_per_pos)
 
 
@@ -79,12 +80,12 @@ def summarize_spec_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary 
 
     overall = rate_figures_of(spec.overall, gamma_predicted({k: t.rounds for k, t in spec.by_k.items()}), t_ring)
     by_k = {k: rate_figures_of(spec.by_k[k], gamma_predicted({k: 1}), t_ring) for k in sorted(spec.by_k)}
-    return _spec_summary(scenario, overall, by_k, alpha, spec.last_extra, k_mean=spec.overall.drafted / spec.overall.rounds,
+    return _spec_summary(scenario, overall, by_k, alpha, spec.last_round, k_mean=spec.overall.drafted / spec.overall.rounds,
                          drafted=spec.overall.drafted, accepted=spec.accepted,
                          drafted_per_pos=spec.drafted_per_position, accepted_per_pos=spec.accepted_per_position)
 
 
-def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRates], alpha: float, last: dict, *,
+def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRates], alpha: float, last: SpecRound, *,
                   k_mean: float, drafted: int, accepted: int, drafted_per_pos: list[int],
                   accepted_per_pos: list[int]) -> SpecSummary:
     """The SpecSummary of rounds already reduced to their rates (overall and per K, K ascending) and counts."""
@@ -99,7 +100,7 @@ def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRa
         k_star_survival, r_star_survival = physics.best_k_survival(survival, tail, *timings, k_range)
     per_k = None
     k_star_measured = k_star_predicted = None
-    if len(by_k) > 1 and not last["k_auto"]:
+    if len(by_k) > 1 and not last.k_auto:
         rows = []
         for k, rates in by_k.items():
             # the curve predicted from this run's alpha_hat, c_d and C, at this K
@@ -109,12 +110,12 @@ def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRa
         per_k = tuple(rows)
         k_star_measured = max(rows, key=lambda row: row.measured_tok_s).k
         k_star_predicted = max(rows, key=lambda row: row.formula_tok_s).k
-    k_last = last["k"]
+    k_last = last.k
     return SpecSummary(
         **overall.to_dict(),
-        k=k_last if len(by_k) == 1 else round(k_mean, 2), k_last=k_last, k_auto=bool(last["k_auto"]),
-        draft=last["draft"], drafted=drafted, accepted=accepted, alpha=alpha,
-        alpha_dialled=scenario.decode.alpha if last["draft"] == "calibrated" else None,
+        k=k_last if len(by_k) == 1 else round(k_mean, 2), k_last=k_last, k_auto=last.k_auto,
+        draft=last.draft, drafted=drafted, accepted=accepted, alpha=alpha,
+        alpha_dialled=scenario.decode.alpha if last.draft == "calibrated" else None,
         acceptance_per_position=tuple(a / d for a, d in zip(accepted_per_pos, drafted_per_pos)),
         k_star=k_star, k_star_tok_s=r_star, k_star_survival=k_star_survival, k_star_survival_tok_s=r_star_survival,
         plain_predicted_tok_s=physics.wall_rate(overall.verify_compute_s, t_ring),

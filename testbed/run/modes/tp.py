@@ -6,6 +6,7 @@ import numpy as np
 
 from testbed.scenario.config import Scenario
 from testbed.core import physics
+from testbed.core.facts import TpToken
 from testbed.core.records import LapRecord
 from testbed.core.summary import TpSummary
 
@@ -31,14 +32,14 @@ def pp_token_s(sc: Scenario) -> float:
 
 
 def summarize_tp(laps: list[LapRecord], sc: Scenario) -> TpSummary | None:
-    decode = [lap for lap in laps if lap.kind == "decode" and "collectives" in lap.extra]
+    decode = [lap for lap in laps if lap.kind == "decode" and isinstance(lap.facts, TpToken)]
     if not decode:
         return None
-    layers = int(decode[0].extra["collectives"]) // 2
+    layers = decode[0].facts.collectives // 2
     durations = np.array([lap.duration_s for lap in decode])
-    segment = float(np.mean([lap.extra["segment_s"] for lap in decode]))
-    head = float(np.mean([lap.extra["head_s"] for lap in decode]))
-    messages = float(np.mean([lap.extra["messages"] for lap in decode]))
+    segment = float(np.mean([lap.facts.segment_s for lap in decode]))
+    head = float(np.mean([lap.facts.head_s for lap in decode]))
+    messages = float(np.mean([lap.facts.messages for lap in decode]))
     sent = float(np.mean([lap.stamps[0].sent_bytes for lap in decode]))
     predicted = predicted_token_s(sc, layers, segment, head, sent / messages if messages else 0.0)
     measured = float(durations.mean())
@@ -47,6 +48,6 @@ def summarize_tp(laps: list[LapRecord], sc: Scenario) -> TpSummary | None:
         allreduce=sc.tp.allreduce, ranks=sc.n_stages, layers=layers, tokens=len(decode), token_ms=measured * 1e3,
         token_ms_p99=float(np.percentile(durations, 99)) * 1e3, predicted_token_ms=predicted * 1e3,
         error_pct=(measured / predicted - 1) * 100, segment_ms=segment * 1e3, head_ms=head * 1e3,
-        comm_ms=float(np.mean([lap.extra["comm_s"] for lap in decode])) * 1e3, messages_per_token=messages,
+        comm_ms=float(np.mean([lap.facts.comm_s for lap in decode])) * 1e3, messages_per_token=messages,
         bytes_per_token=sent, pp_predicted_token_ms=pp * 1e3, ratio_predicted=predicted / pp,
         ratio_bound=physics.tp_pp_latency_ratio(layers, sc.n_stages))

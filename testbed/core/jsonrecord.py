@@ -1,0 +1,123 @@
+"""JsonRecord: a (nested) dataclass <-> one JSON object, converted by a plan worked out once per type."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import types
+import typing
+from typing import Any, Callable, TypeVar
+
+R = TypeVar("R")
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    """value (plain JSON) -> the type `hint` names: nested records, lists/tuples of them, optionals."""
+    if value is None:
+        return None
+    return _converter(hint)(value, where)
+
+
+@functools.cache
+def _converter(hint: Any) -> Callable[[Any, str], Any]:
+    """How to turn a JSON value into the type `hint` names, worked out once per hint (a lap record carries a
+    stamp per stage: thousands of conversions a lap on a long ring)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        records = [a for a in inner if dataclasses.is_dataclass(a)]
+        if records:
+            record = records[0]
+            return lambda value, where: (record_from_dict(record, value, what=where) if isinstance(value, dict)
+                                         else value)
+        if len(inner) == 1:
+            return _converter(inner[0])
+        return lambda value, where: value
+    if dataclasses.is_dataclass(hint):
+        return lambda value, where: record_from_dict(hint, value, what=where)
+    if origin in (list, tuple):
+        item = _converter(args[0]) if args else None
+        as_tuple = origin is tuple
+
+        def sequence(value: Any, where: str) -> Any:
+            if not isinstance(value, list | tuple):
+                return value
+            if item is None or item is _plain_value:
+                return tuple(value) if as_tuple else list(value)
+            items = [None if v is None else item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if as_tuple else items
+        return sequence
+    return _plain_value
+
+
+def _plain_value(value: Any, where: str) -> Any:
+    return value
+
+
+def _to_plain(value: Any) -> Any:
+    """A record's field as plain data: nested records as dicts, containers copied (what dataclasses.asdict gives,
+    without its deep copy of every leaf)."""
+    if isinstance(value, JsonRecord):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_plain(v) for v in value) if type(value) in (list, tuple) else [
+            _to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _required(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+
+
+def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = None) -> R:
+    """cls(**data) for a (nested) dataclass, with a clear error naming unknown and missing fields."""
+    what = what or cls.__name__
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
+    hints = _type_hints(cls)
+    unknown = sorted(set(data) - set(field_names(cls)))
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {', '.join(unknown)}")
+    missing = sorted(_required(cls) - set(data))
+    if missing:
+        raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
+    out = {}
+    for key, value in data.items():
+        convert = _converter(hints[key])
+        out[key] = value if value is None or convert is _plain_value else convert(value, f"{what}.{key}")
+    return cls(**out)
+
+
+class JsonRecord:
+    """Mixin: a (nested) dataclass <-> one JSON object; from_json(to_json(x)) == x."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: _to_plain(getattr(self, name)) for name in field_names(type(self))}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return record_from_dict(cls, data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str | bytes):
+        return cls.from_dict(json.loads(text))
