@@ -163,3 +163,6 @@ def test_a_capped_duration_row_expects_the_overhead_with_the_opposite_sign():
     assert not within(time_line.error_pct, time_line.capped_error_pct, 3.0)  # read as a rate's, it would miss
     rate_line = BenchLine("decode", "tok/s", 98.0, 100.0, 2.0, -1.75)
     assert rate_line.expected_error_pct == -1.75 and BenchLine("x", "s", 1.0, 1.0).expected_error_pct is None
+    from testbed.studies.base import dilation_cell  # a study's own table prints the same
+
+    assert dilation_cell(2, -1.75, duration=True) == "2 cap +1.78%" and dilation_cell(2, -1.75) == "2 cap -1.75%"

@@ -75,10 +75,7 @@ class BenchLine:
     def expected_error_pct(self) -> float | None:
         """The capped D's expected error on this line's figure: the overhead lowers a rate by e% and so lengthens a
         duration (a line in s or ms) by 1 / (1 + e) - 1, the opposite sign."""
-        e = self.capped_error_pct
-        if e is None or self.unit not in DURATION_UNITS:
-            return e
-        return (100 / (100 + e) - 1) * 100
+        return on_duration(self.capped_error_pct) if self.unit in DURATION_UNITS else self.capped_error_pct
 
 
 @dataclass(frozen=True)
@@ -184,9 +181,17 @@ def dilation_of(summary: RunSummary) -> dict[str, Any]:
             "capped_error_pct": d.expected_error_pct if capped else None}
 
 
-def dilation_cell(factor: float, capped_error_pct: float | None) -> str:
-    """The D column: "4", or "2 cap -0.41%" where the budget capped it (the error expected from the overhead)."""
-    return f"{factor:g}" + (f" cap {capped_error_pct:+.2f}%" if capped_error_pct is not None else "")
+def on_duration(rate_error_pct: float | None) -> float | None:
+    """The error an overhead that lowers a rate by `rate_error_pct` leaves on a duration (1 / (1 + e) - 1): a
+    capped D's expected error (DilationSummary.expected_error_pct, on the rate) for a row that measures a time."""
+    return None if rate_error_pct is None else (100 / (100 + rate_error_pct) - 1) * 100
+
+
+def dilation_cell(factor: float, capped_error_pct: float | None, duration: bool = False) -> str:
+    """The D column: "4", or "2 cap -0.41%" where the budget capped it (the error expected from the overhead, on
+    the rate; with `duration`, on the row's time: on_duration)."""
+    expected = on_duration(capped_error_pct) if duration else capped_error_pct
+    return f"{factor:g}" + (f" cap {expected:+.2f}%" if expected is not None else "")
 
 
 def add_trace_option(parser: argparse.ArgumentParser) -> None:

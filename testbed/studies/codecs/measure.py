@@ -148,7 +148,7 @@ def table(rows_: list[CodecRow], scenario: str) -> Table:
         out.add_row(f"{r.codec}" + (f" (block {r.block})" if r.codec == "int8-block" else ""), str(r.token_frame_bytes),
                     str(r.prompt_frame_bytes), f"{r.ratio_to_f32:.3f}", f"{r.encode_us:.0f}", f"{r.decode_us:.0f}",
                     f"{r.greedy_agreement:.4f}", f"{r.kl_nats:.2e}", f"{r.alpha_hat:.4f}", ttft,
-                    dilation_cell(r.dilation, r.capped_error_pct) if r.dilation is not None else "-")
+                    dilation_cell(r.dilation, r.capped_error_pct, duration=True) if r.dilation is not None else "-")
     return out
 
 

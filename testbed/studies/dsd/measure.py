@@ -205,7 +205,7 @@ def tables(result: DsdResult) -> list[Table]:
                         f"{r.pipelined_predicted_ms:.0f}", f"{r.autoregressive_ms:.0f} / "
                         f"{r.autoregressive_predicted_ms:.0f}", f"{r.alpha_hat:.3f}" if r.alpha_hat is not None else "-",
                         f"{r.draft_ms_per_token:.2f}", f"{r.verify_ms:.2f}", f"{r.hit_rate:.2f}",
-                        dilation_cell(r.dilation, r.capped_error_pct))
+                        dilation_cell(r.dilation, r.capped_error_pct, duration=True))
     measured = f"{result.crossover_rtt_ms:.1f} ms" if result.crossover_rtt_ms is not None else "not on the grid"
     ar = f"{result.ar_crossover_rtt_ms:.1f} ms" if result.ar_crossover_rtt_ms is not None else "not on the grid"
     latency.caption = (f"pipelined DSD beats co-located SD below RTT {measured} measured, "
@@ -235,7 +235,7 @@ def tables(result: DsdResult) -> list[Table]:
         jitter.add_row(f"{j.rtt_ms:g}", f"{j.jitter_ms:g}", f"{j.request_ms:.0f} / {j.predicted_request_ms:.0f}",
                        f"{j.error_pct:+.2f}{flag}", f"{j.round_ms:.1f}",
                        f"{j.alpha_hat:.3f}" if j.alpha_hat is not None else "-", f"{j.draft_ms_per_token:.2f}",
-                       f"{j.verify_ms:.2f}", dilation_cell(j.dilation, j.capped_error_pct))
+                       f"{j.verify_ms:.2f}", dilation_cell(j.dilation, j.capped_error_pct, duration=True))
     return [latency, capacity] + ([jitter] if result.jitter else [])
 
 

@@ -301,7 +301,8 @@ def table(result: FaultsResult) -> Table:
                     f"{r.predicted_lost_ms:.1f}" if realized else "",
                     f"{(r.lap_ms / r.predicted_lost_ms - 1) * 100:+.2f}" if realized else "",
                     *(penalty if kernel else ()),
-                    "identical" if r.same_output else "DIFFERENT", dilation_cell(r.dilation, r.capped_error_pct))
+                    "identical" if r.same_output else "DIFFERENT",
+                    dilation_cell(r.dilation, r.capped_error_pct, duration=True))
         if kernel and loss:
             notes.append(f"{label}: {explain(r, result.rto_ms, result.n_hops)}")
     out.caption = ("loss: the model with the configured p (err %), and with the share of hops that did take a "

@@ -103,7 +103,7 @@ def table(result: TpResult) -> Table:
                     f"{(r.tp_token_ms / r.tp_predicted_token_ms - 1) * 100:+.2f}", f"{r.ratio_measured:.2f}",
                     f"{r.ratio_predicted:.2f}", f"{r.ratio_bound:.2f}", f"{r.tp_bytes_per_token:.0f}",
                     f"{r.pp_bytes_per_token:.0f}", "yes" if r.same_tokens else "no",
-                    dilation_cell(r.dilation, r.capped_error_pct))
+                    dilation_cell(r.dilation, r.capped_error_pct, duration=True))
     return out
 
 
