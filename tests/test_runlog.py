@@ -103,6 +103,35 @@ def test_collector_reads_the_logs_at_scrape_time():
         assert count == LAPS + 10
 
 
+def test_a_mode_s_part_of_the_run_log_is_one_line_in_LAP_PARTS(monkeypatch):
+    """The seam: a class added to testbed.run.modes.LAP_PARTS is fed every lap by the run log and exports its own
+    families through the collector; neither names it."""
+    from prometheus_client.core import CounterMetricFamily
+
+    from testbed.run import modes
+
+    class Echoes:
+        name = "echoes"
+
+        def __init__(self, scenario, lap_buckets, compute_buckets) -> None:
+            self.decode_tokens = 0
+
+        def add(self, record: LapRecord, compute: list[float], decode: bool) -> None:
+            self.decode_tokens += record.tokens if decode else 0
+
+        @staticmethod
+        def metrics(logs, current):
+            yield CounterMetricFamily("testbed_echo_tokens", "echoed", value=sum(log.parts["echoes"].decode_tokens
+                                                                                   for log in logs))
+
+    monkeypatch.setattr(modes, "LAP_PARTS", (*modes.LAP_PARTS, Echoes))
+    log = logged("speculative", 10)
+    registry = CollectorRegistry()
+    registry.register(RunCollector(lambda: [log]))
+    assert registry.get_sample_value("testbed_echo_tokens_total") == 10 * (SPEC_ACCEPTED + 1) == log.decode_tokens
+    assert registry.get_sample_value("testbed_spec_decode_num_drafts_total") == 10  # the shipped parts still export
+
+
 def interpolated_quantile(buckets: tuple[float, ...], value: float) -> float:
     """What histogram_quantile(0.5) reads for a constant `value`: linear inside its bucket."""
     upper = next(b for b in buckets if b >= value)

@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from testbed.run.collector import RunCollector
 from testbed.scenario.config import scenario_from_dict
 from testbed.core.records import LapRecord, Stamp
-from testbed.run.runlog import STREAMS_WINDOW_LAPS_PER_STREAM, RunLog
+from testbed.run.modes.streams_metrics import STREAMS_WINDOW_LAPS_PER_STREAM
+from testbed.run.runlog import RunLog
 from tests.fakes import fake_lap, fake_scenario
 
 STAGES: Final = ("entry", "middle", "last")

@@ -4,9 +4,8 @@ Counters and histograms add up over every phase served by one exporter (they nev
 describe the current phase. Exact hop-latency quantiles are exported as gauges next to the histogram:
 histogram_quantile interpolates inside a bucket, so the gauges are what to plot or alert on.
 
-The streams mode (M sequences in flight) never labels by stream (M is unbounded): its gauges are over the
-current phase's latest STREAMS_WINDOW_LAPS_PER_STREAM x M decode laps (runlog.StreamsWindow), and its
-histograms observe once per decode lap (a stream's rate over that lap: tokens / lap time; each stage's queueing).
+A mode's own families (speculation's with vLLM's names, the streams mode's) come from its part of the run log
+(testbed.run.modes.LAP_PARTS: each part's `metrics`).
 """
 
 from __future__ import annotations
@@ -19,23 +18,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from testbed.run import predict
 from testbed.core.decode import MODES
-from testbed.run import runlog
-from testbed.run.runlog import SPEC_MAX_POSITIONS, RunLog, RunningHistogram
+from testbed.run.histogram import merge as _merge
+from testbed.run import modes
+from testbed.run.runlog import RunLog
 from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}
-
-
-def _merge(histograms: Sequence[RunningHistogram]) -> tuple[list[tuple[str, int]], float]:
-    """Buckets and sum of several histograms over the same bounds (the phases of one scenario)."""
-    first = histograms[0]
-    merged = RunningHistogram(first.bounds)
-    for h in histograms:
-        if h.bounds != first.bounds:
-            raise ValueError("phases under one exporter must share their histogram buckets (same network)")
-        merged.counts = [a + b for a, b in zip(merged.counts, h.counts)]
-        merged.sum += h.sum
-    return merged.buckets(), merged.sum
 
 
 class RunCollector:
@@ -56,8 +44,8 @@ class RunCollector:
         yield from self._compute(logs, current.scenario)
         yield from self._hops(logs, current)
         yield from self._rates(current)
-        yield from self._speculation(logs, current)
-        yield from self._streams(logs, current)
+        for part in modes.LAP_PARTS:
+            yield from part.metrics(logs, current)
 
     def _laps(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
         """Laps, tokens and lap time per mode kind, and the current phase's dilation."""
@@ -137,79 +125,6 @@ class RunCollector:
             if value is not None:
                 gauge.add_metric([kind], value)
         yield from (rate, ring, mean_compute)
-
-    def _speculation(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
-        """Speculation counters with vLLM's names (spec_decode_num_drafts, ...), and its gauges."""
-        for name, attribute, doc in (
-                ("testbed_spec_decode_num_drafts", "spec_rounds", "Speculation rounds (vLLM: spec_decode_num_drafts)"),
-                ("testbed_spec_decode_num_draft_tokens", "spec_draft_tokens", "Draft tokens proposed"),
-                ("testbed_spec_decode_num_accepted_tokens", "spec_accepted_tokens", "Draft tokens accepted")):
-            yield CounterMetricFamily(name, doc, value=sum(getattr(log, attribute) for log in logs))
-        per_position = CounterMetricFamily("testbed_spec_decode_num_accepted_tokens_per_pos",
-                                           "Draft tokens accepted at each position of the round (0-based)",
-                                           labels=["position"])
-        for position in range(SPEC_MAX_POSITIONS):
-            per_position.add_metric([str(position)], sum(log.spec_accepted_per_position[position] for log in logs))
-        yield per_position
-        buckets, total = _merge([log.spec_draft_seconds for log in logs])
-        draft = HistogramMetricFamily("testbed_spec_draft_seconds",
-                                      "Time the draft spent proposing K tokens in one round")
-        draft.add_metric([], buckets, total)
-        yield draft
-        alpha = GaugeMetricFamily("testbed_spec_acceptance_rate",
-                                  "Estimated per-token acceptance rate alpha (E[sum min(p, q)])")
-        gamma = GaugeMetricFamily("testbed_spec_gamma_tokens_per_round",
-                                  "Tokens per round: kind=measured or kind=predicted Gamma(a,K)", labels=["kind"])
-        k = GaugeMetricFamily("testbed_spec_k", "Draft length K of the latest round")
-        if current.spec_rounds:
-            alpha.add_metric([], current.spec_alpha)
-            gamma.add_metric(["measured"], current.spec_gamma_measured)
-            gamma.add_metric(["predicted"], predict.spec_gamma_predicted(current))
-            k.add_metric([], current.spec_last_k)
-        yield from (alpha, gamma, k)
-
-    def _streams(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
-        """Streams mode: histograms over every phase, gauges of the current phase's recent laps (streams only)."""
-        stages = [stage.name for stage in current.scenario.stages]
-        buckets, total = _merge([log.stream_rate for log in logs])
-        rate = HistogramMetricFamily("testbed_stream_rate_tokens_per_second",
-                                     "Streams mode: one stream's decode rate over one lap (tokens / lap time), "
-                                     "observed once per decode lap")
-        rate.add_metric([], buckets, total)
-        queue = HistogramMetricFamily("testbed_stage_queue_seconds",
-                                      "Streams mode: how long a frame waited at a stage before its forward pass",
-                                      labels=["stage"])
-        for i, stage in enumerate(stages):
-            buckets, total = _merge([log.stage_queue[i] for log in logs])
-            queue.add_metric([stage], buckets, total)
-        yield from (rate, queue)
-        if not runlog.per_stream(current.scenario.decode.mode):
-            return
-        yield GaugeMetricFamily("testbed_streams_in_flight", "Streams mode: streams still decoding (decode.streams "
-                                "less those that produced all their tokens)", value=current.streams_in_flight)
-        window = current.streams_window()
-        if window is None:
-            return
-        per_stream, aggregate, busy = predict.streams_rates(current, window)
-        rates = GaugeMetricFamily("testbed_streams_aggregate_tokens_per_second",
-                                  "Streams mode: tokens/s of all streams together over the recent laps, kind=measured "
-                                  "or kind=predicted (physics.streams_rates)", labels=["kind"])
-        rates.add_metric(["measured"], window.aggregate_tok_s)
-        rates.add_metric(["predicted"], aggregate)
-        yield rates
-        yield GaugeMetricFamily("testbed_stream_rate_predicted_tokens_per_second",
-                                "Streams mode: predicted decode rate of one stream (aggregate / M)", value=per_stream)
-        utilization = GaugeMetricFamily("testbed_stage_utilization_ratio",
-                                        "Streams mode: share of the recent laps' time a stage computed, kind=measured "
-                                        "or kind=predicted", labels=["stage", "kind"])
-        batch = GaugeMetricFamily("testbed_stage_batch_frames",
-                                  "Streams mode: mean frames per forward pass of a stage over the recent laps",
-                                  labels=["stage"])
-        for stage, measured, predicted, frames in zip(stages, window.stage_busy, busy, window.stage_batch_mean):
-            utilization.add_metric([stage, "measured"], measured)
-            utilization.add_metric([stage, "predicted"], predicted)
-            batch.add_metric([stage], frames)
-        yield from (utilization, batch)
 
 
 def serve(registry: CollectorRegistry, port: int) -> tuple[str, int]:

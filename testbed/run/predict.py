@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from testbed.core import physics
-from testbed.run.runlog import RunLog, StreamsWindow
+from testbed.run.modes.speculative_metrics import SpecRounds
+from testbed.run.modes.streams_metrics import StreamsWindow
+from testbed.run.runlog import RunLog
 
 
 def wall_tok_s(log: RunLog) -> float | None:
@@ -13,21 +15,19 @@ def wall_tok_s(log: RunLog) -> float | None:
     return physics.wall_rate(compute, log.scenario.t_ring_s + log.serialization_s) if compute is not None else None
 
 
-def spec_gamma_predicted(log: RunLog) -> float | None:
-    """Gamma(alpha_hat, K) averaged over the rounds' K (seed 000, Eq. 6)."""
-    alpha = log.spec_alpha
-    if alpha is None:
-        return None
-    return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in log.spec_k_counts.items()) / log.spec_rounds
-
-
 def spec_tok_s(log: RunLog) -> float | None:
     """r_spec = Gamma / (K c_d + C + T_ring) with the measured Gamma, K c_d and C (seed 000, Eq. 7)."""
-    if not log.spec_rounds:
+    rounds = spec_rounds(log)
+    if not rounds.rounds:
         return None
-    n = log.spec_rounds
-    return (log.spec_tokens / n) / (log.spec_draft_s_sum / n + log.spec_compute_s_sum / n + log.scenario.t_ring_s
-                                    + log.serialization_s)
+    n = rounds.rounds
+    return (rounds.tokens / n) / (rounds.draft_s_sum / n + rounds.compute_s_sum / n + log.scenario.t_ring_s
+                                  + log.serialization_s)
+
+
+def spec_rounds(log: RunLog) -> SpecRounds:
+    """The run log's speculation rounds (its SpecRounds part)."""
+    return log.parts[SpecRounds.name]
 
 
 def predicted_tok_s(log: RunLog) -> float | None:

@@ -1,0 +1,102 @@
+"""Speculation's part of the run log (SpecRounds: O(1) per round) and its Prometheus families, with vLLM's names."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from testbed.core import physics
+from testbed.core.records import LapRecord
+from testbed.run.histogram import RunningHistogram, merge
+from testbed.scenario.config import Scenario
+
+SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
+
+
+class SpecRounds:
+    """Every speculation round of a phase (laps of kind "spec": the speculative mode's, an edge client's), running."""
+
+    name = "spec"
+
+    def __init__(self, scenario: Scenario, lap_buckets: tuple[float, ...], compute_buckets: tuple[float, ...]) -> None:
+        self.rounds = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.tokens = 0  # tokens the rounds produced (accepted drafts + one each)
+        self.overlap_sum = 0.0
+        self.accepted_per_position = [0] * SPEC_MAX_POSITIONS
+        self.draft_seconds = RunningHistogram(lap_buckets)
+        self.last_k: int | None = None
+        self.draft_s_sum = 0.0
+        self.compute_s_sum = 0.0
+        self.k_counts: collections.Counter[int] = collections.Counter()  # rounds at each K
+
+    def add(self, record: LapRecord, compute: list[float], decode: bool) -> None:
+        """One lap of the run (a round when its kind is "spec")."""
+        if record.kind != "spec":
+            return
+        facts = record.facts
+        self.rounds += 1
+        self.draft_tokens += facts.k
+        self.accepted_tokens += facts.accepted
+        self.tokens += record.tokens
+        self.overlap_sum += facts.overlap_sum
+        for position in range(min(facts.accepted, SPEC_MAX_POSITIONS)):
+            self.accepted_per_position[position] += 1
+        self.draft_seconds.observe(facts.draft_s)
+        self.last_k = facts.k
+        self.draft_s_sum += facts.draft_s
+        self.compute_s_sum += sum(compute)
+        self.k_counts[facts.k] += 1
+
+    @property
+    def alpha(self) -> float | None:
+        return self.overlap_sum / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def gamma_measured(self) -> float | None:
+        return self.tokens / self.rounds if self.rounds else None
+
+    def gamma_predicted(self) -> float | None:
+        """Gamma(alpha_hat, K) averaged over the rounds' K (seed 000, Eq. 6)."""
+        alpha = self.alpha
+        if alpha is None:
+            return None
+        return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in self.k_counts.items()) / self.rounds
+
+    @staticmethod
+    def metrics(logs: Sequence[Any], current: Any) -> Iterator[Metric]:
+        """Speculation counters with vLLM's names (spec_decode_num_drafts, ...) over every phase's run log (`logs`,
+        testbed.run.runlog.RunLog, the current phase's last), and the current phase's gauges."""
+        parts: list[SpecRounds] = [log.parts[SpecRounds.name] for log in logs]
+        for name, attribute, doc in (
+                ("testbed_spec_decode_num_drafts", "rounds", "Speculation rounds (vLLM: spec_decode_num_drafts)"),
+                ("testbed_spec_decode_num_draft_tokens", "draft_tokens", "Draft tokens proposed"),
+                ("testbed_spec_decode_num_accepted_tokens", "accepted_tokens", "Draft tokens accepted")):
+            yield CounterMetricFamily(name, doc, value=sum(getattr(part, attribute) for part in parts))
+        per_position = CounterMetricFamily("testbed_spec_decode_num_accepted_tokens_per_pos",
+                                           "Draft tokens accepted at each position of the round (0-based)",
+                                           labels=["position"])
+        for position in range(SPEC_MAX_POSITIONS):
+            per_position.add_metric([str(position)], sum(part.accepted_per_position[position] for part in parts))
+        yield per_position
+        buckets, total = merge([part.draft_seconds for part in parts])
+        draft = HistogramMetricFamily("testbed_spec_draft_seconds",
+                                      "Time the draft spent proposing K tokens in one round")
+        draft.add_metric([], buckets, total)
+        yield draft
+        alpha = GaugeMetricFamily("testbed_spec_acceptance_rate",
+                                  "Estimated per-token acceptance rate alpha (E[sum min(p, q)])")
+        gamma = GaugeMetricFamily("testbed_spec_gamma_tokens_per_round",
+                                  "Tokens per round: kind=measured or kind=predicted Gamma(a,K)", labels=["kind"])
+        k = GaugeMetricFamily("testbed_spec_k", "Draft length K of the latest round")
+        now: SpecRounds = current.parts[SpecRounds.name]
+        if now.rounds:
+            alpha.add_metric([], now.alpha)
+            gamma.add_metric(["measured"], now.gamma_measured)
+            gamma.add_metric(["predicted"], now.gamma_predicted())
+            k.add_metric([], now.last_k)
+        yield from (alpha, gamma, k)
