@@ -230,6 +230,28 @@ def test_edge_speculation_calibrates_as_itself_at_a_zero_round_trip():
     assert plain.decode.mode == "plain"  # co-located speculation calibrates its ring as plain decode
 
 
+def test_the_streams_mode_calibrates_its_convoy_not_one_frame():
+    """A streams lap carries M frames over every hop (the testbed's cost of a lap grows with M), so the mode
+    calibrates as itself: its own M streams at zero delay, the overhead what a stream's lap took beyond
+    physics.streams_rates' with the measured passes. On virtual time that overhead is exactly 0 and the lap the
+    passes' sum; a measured lap 3% over its physics is read as that."""
+    from testbed.core.summary import StreamsSummary
+    from testbed.run.launcher import run_scenario
+
+    sc = load_scenario("geo-ring", ["decode.mode=streams", "decode.streams=16", 'decode.batching="continuous"',
+                                    "decode.tokens=8"])
+    probe = calibration_scenario(sc)
+    assert probe.decode.mode == "streams" and probe.decode.streams == 16 and probe.decode.tokens == CALIBRATION_TOKENS
+    assert all(link.delay_ms == 0.0 for link in probe.links)
+    summary = trio.run(lambda: run_scenario(probe, "virtual", log=lambda m: None))
+    calibration = calibration_from(summary, sc)
+    passes_s = sum(summary.streams.stage_compute_ms) / 1e3
+    assert calibration.overhead_ms == pytest.approx(0.0, abs=1e-6) and calibration.compute_s == pytest.approx(passes_s)
+    part = SimpleNamespace(streams=16, aggregate_tok_s=100.0, aggregate_predicted_tok_s=103.0)
+    overhead_ms, physics_s = StreamsSummary.calibration_lap(part)
+    assert physics_s == pytest.approx(16 / 103) and overhead_ms == pytest.approx((16 / 100 - 16 / 103) * 1e3)
+
+
 def _ran(wall_s: float, factor: float):
     """What StudyBudget.charge reads of a finished run: its decode wall (scenario time) and its D."""
     return SimpleNamespace(wall_s=wall_s, dilation=SimpleNamespace(factor=factor))

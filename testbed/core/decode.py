@@ -160,7 +160,7 @@ MODES: dict[str, ModeInfo] = {info.name: info for info in (
              running_summarizer="testbed.run.modes.speculative:summarize_spec_totals"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
              summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2,
-             per_stream=True),
+             per_stream=True, own_calibration=True),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
              summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True, greedy_on_last=True,
              window_counts=(("rounds", "tree"),)),

@@ -12,7 +12,8 @@ the smallest whole number with O / D <= TARGET_OVERHEAD of the lap C + T_ring, c
 by the run-time budget (the dilated decode may take at most BUDGET_S), so a short ring gets a large D and
 a long one, where O is already small, gets 1-2. A mode whose overhead is off the ring calibrates as itself
 (ModeInfo.own_calibration): edge speculation's is in the clients' two hops and the entry's hand-off a round, so
-its calibration is the same clients at a zero round trip, its lap a round, O what a round took beyond its physics.
+its calibration is the same clients at a zero round trip, its lap a round, O what a round took beyond its physics;
+the streams mode's lap carries M frames over every hop, so its calibration is its own M streams at zero delay.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def calibration_from(summary: RunSummary, scenario: Scenario) -> Calibration:
     physics it holds at zero delay: compute, and on a rated link the frame's serialization (bytes / rate)."""
     info = MODES[summary.mode]
     if info.own_calibration:  # its summary part says what a lap took beyond physics at zero delay
-        overhead_ms, physics_s = getattr(summary, info.summary_field).calibration_lap()
+        part = getattr(summary, info.summary_field)
+        if part is None:
+            raise ConfigError(f"the calibration run produced no {info.summary_field} summary", key="--dilation")
+        overhead_ms, physics_s = part.calibration_lap()
         return Calibration((0.0,) * len(scenario.links), overhead_ms, physics_s)
     if not summary.laps or summary.measured_tok_s is None or summary.compute_s is None:
         raise ConfigError("the calibration run produced no decode laps", key="--dilation")
