@@ -115,8 +115,8 @@ class DsdVerify(LapFacts):
 @dataclass(frozen=True)
 class DsdRound(LapFacts):
     """An edge client's round (agents.modes.dsd): K drafted, `accepted` kept; `ready`: the drafts it began with,
-    drafted while the last round was verified (pipelined); `wait_s` send to verdict-in-hand, `verdict_s` send to the verdict's arrival; `hit`: the guess was
-    right and the next round is drafted."""
+    drafted while the last round was verified (pipelined); `wait_s` send to verdict-in-hand, `verdict_s` send to
+    the verdict's arrival; `hit`: the guess was right and the next round is drafted."""
 
     k: int
     accepted: int

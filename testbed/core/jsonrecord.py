@@ -55,18 +55,18 @@ def _plain_value(value: Any, where: str) -> Any:
     return value
 
 
-def _to_plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
     """A record's field as plain data: nested records as dicts, containers copied (what dataclasses.asdict gives,
     without its deep copy of every leaf)."""
     if isinstance(value, JsonRecord):
         return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
-        return type(value)(_to_plain(v) for v in value) if type(value) in (list, tuple) else [
-            _to_plain(v) for v in value]
+        return type(value)(to_plain(v) for v in value) if type(value) in (list, tuple) else [
+            to_plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
+        return {k: to_plain(v) for k, v in value.items()}
     return value
 
 
@@ -109,7 +109,7 @@ class JsonRecord:
     """Mixin: a (nested) dataclass <-> one JSON object; from_json(to_json(x)) == x."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: _to_plain(getattr(self, name)) for name in field_names(type(self))}
+        return {name: to_plain(getattr(self, name)) for name in field_names(type(self))}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):

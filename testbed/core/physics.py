@@ -38,6 +38,12 @@ def gamma(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def gamma_mean(alpha: float, rounds_at: dict[int, int]) -> float:
+    """Eq. 6 averaged over a run's rounds: Gamma(alpha, K) weighted by the rounds taken at each K (alpha capped at 1,
+    as an estimate may exceed it)."""
+    return sum(n * gamma(min(alpha, 1.0), k) for k, n in rounds_at.items()) / sum(rounds_at.values())
+
+
 def spec_round_s(k: int, draft_s: float, compute_s: float, t_ring_s: float) -> float:
     """Eq. 7: one round = K local draft steps + one target traversal."""
     return k * draft_s + compute_s + t_ring_s

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.core.facts import LapFacts
-from testbed.core.jsonrecord import JsonRecord, record_from_dict
+from testbed.core.jsonrecord import JsonRecord, field_names, record_from_dict, to_plain
 
 Address = tuple[str, int]
 __all__ = ["Address", "JsonRecord", "LapFacts", "record_from_dict"]  # re-exported: records are read from here
@@ -99,8 +99,8 @@ class LapRecord(JsonRecord):
     stream: int = 0  # which of the decode.streams sequences in flight this lap carried
 
     def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        data["extra"] = self.facts.to_extra() if data.pop("facts") is not None else {}
+        data = {name: to_plain(getattr(self, name)) for name in field_names(LapRecord) if name != "facts"}
+        data["extra"] = self.facts.to_extra() if self.facts is not None else {}
         return data
 
     @classmethod

@@ -75,11 +75,9 @@ def summarize_spec_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary 
     alpha = spec.overlap_sum / spec.overall.drafted
     t_ring = scenario.t_ring_s
 
-    def gamma_predicted(rounds_at: dict[int, int]) -> float:  # the mean of Gamma(alpha, K) over the rounds
-        return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in rounds_at.items()) / sum(rounds_at.values())
-
-    overall = rate_figures_of(spec.overall, gamma_predicted({k: t.rounds for k, t in spec.by_k.items()}), t_ring)
-    by_k = {k: rate_figures_of(spec.by_k[k], gamma_predicted({k: 1}), t_ring) for k in sorted(spec.by_k)}
+    overall = rate_figures_of(spec.overall, physics.gamma_mean(alpha, {k: t.rounds for k, t in spec.by_k.items()}),
+                              t_ring)
+    by_k = {k: rate_figures_of(spec.by_k[k], physics.gamma_mean(alpha, {k: 1}), t_ring) for k in sorted(spec.by_k)}
     return _spec_summary(scenario, overall, by_k, alpha, spec.last_round, k_mean=spec.overall.drafted / spec.overall.rounds,
                          drafted=spec.overall.drafted, accepted=spec.accepted,
                          drafted_per_pos=spec.drafted_per_position, accepted_per_pos=spec.accepted_per_position)

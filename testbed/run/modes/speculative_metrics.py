@@ -65,7 +65,7 @@ class SpecRounds:
         alpha = self.alpha
         if alpha is None:
             return None
-        return sum(n * physics.gamma(min(alpha, 1.0), k) for k, n in self.k_counts.items()) / self.rounds
+        return physics.gamma_mean(alpha, self.k_counts)
 
     @staticmethod
     def metrics(logs: Sequence[Any], current: Any) -> Iterator[Metric]:
