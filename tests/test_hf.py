@@ -34,7 +34,38 @@ def checkpoints(tmp_path_factory):
                                             context=256, seed=1)
     built["llama-wide-vocab"] = build_checkpoint(root / "llama-wide", "llama", layers=1, hidden=32, heads=2,
                                                  vocab=640, context=256, seed=2)
+    built["llama3-rope"] = _with_config(built["llama"], root / "llama3-rope", rope_parameters=LLAMA3_ROPE)
+    built["llama-bias"] = build_checkpoint(root / "llama-bias", "llama", layers=3, hidden=64, heads=4, kv_heads=2,
+                                           vocab=512, context=256, seed=4, attention_bias=True, mlp_bias=True)
+    for name in ("qwen2", "llama-bias"):
+        _random_biases(built[name])
     return built
+
+
+def _random_biases(path):
+    """transformers starts biases at zero, where a layer that dropped one would still pass: draw them instead."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    generator = torch.Generator().manual_seed(5)
+    weights |= {k: torch.randn(v.shape, generator=generator) * 0.1 for k, v in weights.items() if k.endswith(".bias")}
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+
+
+# Llama 3.1's rotary scaling at a small original context, so that all three of its bands (kept, blended, divided)
+# hold frequencies of a 16-wide head
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _with_config(source, directory, **changes):
+    """A copy of checkpoint `source` whose config.json has `changes`."""
+    directory.mkdir()
+    for file in source.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    config = json.loads((source / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    return directory
 
 
 def reference(path):
@@ -43,7 +74,7 @@ def reference(path):
     return model
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ("llama3-rope", "llama-bias"))
 @pytest.mark.parametrize("n_stages", [2, 3])
 def test_a_split_checkpoint_gives_the_unsplit_models_logits_at_every_position(checkpoints, family, n_stages):
     """Each stage its own HFModel holding only its tensors; a 12-token prefill then 8 cached decode steps through
@@ -137,6 +168,28 @@ def test_bad_checkpoints_are_refused_by_file_and_cause(checkpoints, tmp_path):
     assert "speculation needs the same tokenizer" in bad(wide, checkpoints, tmp_path)
     trained = {"decode": {"mode": "speculative"}}
     assert "does not share a checkpoint's tokenizer" in bad(trained, checkpoints, tmp_path)
+
+
+def test_a_rope_type_or_an_activation_the_layers_do_not_run_is_refused_by_name(checkpoints, tmp_path):
+    yarn = _with_config(checkpoints["llama"], tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0})
+    assert "rope type 'yarn' is not supported" in bad({"model": f"hf:{yarn}"}, checkpoints, tmp_path)
+    odd = _with_config(checkpoints["gpt2"], tmp_path / "odd", activation_function="quick_gelu")
+    message = bad({"model": f"hf:{odd}"}, checkpoints, tmp_path)
+    assert "activation 'quick_gelu' is not supported" in message and "config.json" in message
+
+
+def test_an_agent_computes_a_checkpoint_without_importing_transformers(checkpoints):
+    """The stages run agents.hf.layers, not transformers' classes, whose imports alone cost an agent ~100 MiB of
+    RSS (torch._dynamo, torch.distributed.tensor and sympy come in with them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from agents.hf.model import load_hf; import torch; "
+            f"m = load_hf('hf:{checkpoints['llama']}').load(0, 3, entry=True); m(torch.tensor([[1, 2, 3]])); "
+            "print(sorted({n.split('.')[0] for n in sys.modules} & {'transformers', 'sympy'}), "
+            "'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "False"]
 
 
 def test_a_missing_tensor_and_an_unrunnable_dtype_are_named(checkpoints, tmp_path):

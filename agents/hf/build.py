@@ -51,8 +51,10 @@ def family_config(family: str, *, layers: int, hidden: int, heads: int, kv_heads
 
 def build_checkpoint(out: pathlib.Path, family: str = "llama", *, layers: int = 4, hidden: int = 64, heads: int = 4,
                      kv_heads: int | None = None, intermediate: int | None = None, vocab: int = 512,
-                     context: int = 512, seed: int = 0, dtype: str = "float32", init_std: float = 0.02) -> pathlib.Path:
-    """Write a checkpoint directory (config.json, model.safetensors, tokenizer.json) to `out`; returns it."""
+                     context: int = 512, seed: int = 0, dtype: str = "float32", init_std: float = 0.02,
+                     **config_overrides) -> pathlib.Path:
+    """Write a checkpoint directory (config.json, model.safetensors, tokenizer.json) to `out`; returns it.
+    `config_overrides` set further fields of the family's config (e.g. Llama's attention_bias=True)."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
@@ -62,6 +64,8 @@ def build_checkpoint(out: pathlib.Path, family: str = "llama", *, layers: int = 
     config = family_config(family, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads or heads,
                            intermediate=intermediate or 4 * hidden, vocab=vocab, context=context)
     config.initializer_range = init_std
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,11 @@ CONTEXT_CAP = 2048
 # Weight dtypes the stages can load (they compute in float32 on this CPU box: see agents.hf.model).
 LOADABLE_DTYPES = ("F32", "F16", "BF16", "F64")
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header larger than this is not one
+# What the stages' layers (agents.hf.layers) run: activations by config.json's name, rotary scalings by rope_type
+# with the keys each needs
+ACTIVATION_NAMES = ("silu", "swish", "relu", "gelu", "gelu_new", "gelu_pytorch_tanh")
+ROPE_KEYS = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 @dataclass(frozen=True)
@@ -216,8 +221,10 @@ def _open(path: Path) -> Checkpoint:
     if n_head % kv_heads:
         raise ConfigError(f"{n_head} attention heads do not divide into {kv_heads} KV heads", source=str(config_file),
                           key=family.kv_heads)
+    _check_runnable(config, model_type, config_file)
     shape = ModelShape(vocab_size=_config_int(config, "vocab_size", config_file),
-                       block_size=min(_config_int(config, family.context, config_file), CONTEXT_CAP),
+                       block_size=min(_config_int(config, family.context, config_file), CONTEXT_CAP,
+                                      _window(config, model_type)),
                        n_layer=_config_int(config, family.n_layer, config_file), n_head=n_head, n_embd=n_embd,
                        kv_heads=kv_heads, head_dim=head_dim)
     stored = _tensor_files(path)
@@ -229,6 +236,41 @@ def _open(path: Path) -> Checkpoint:
     checkpoint.stage_tensors(0, shape.n_layer, entry=True)  # every part present, named if not
     checkpoint.vocabulary()  # and a tokenizer that fits the vocabulary
     return checkpoint
+
+
+def rope_parameters(config: dict) -> dict:
+    """The rotary scaling as one dict, from v5's rope_parameters or the older rope_theta + rope_scaling."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    return params
+
+
+def _check_runnable(config: dict, model_type: str, config_file: Path) -> None:
+    """The activation and the rotary scaling are ones the stages' layers run, or the run stops here, by name."""
+    key = "activation_function" if model_type == "gpt2" else "hidden_act"
+    name = config.get(key, "gelu_new" if model_type == "gpt2" else "silu")
+    if name not in ACTIVATION_NAMES:
+        raise ConfigError(f"activation {name!r} is not supported (supported: {', '.join(ACTIVATION_NAMES)})",
+                          source=str(config_file), key=key)
+    if model_type == "gpt2":
+        return
+    rope = rope_parameters(config)
+    if rope["rope_type"] not in ROPE_KEYS:
+        raise ConfigError(f"rope type {rope['rope_type']!r} is not supported (supported: {', '.join(ROPE_KEYS)})",
+                          source=str(config_file), key="rope_parameters")
+    missing = [k for k in ROPE_KEYS[rope["rope_type"]] if not isinstance(rope.get(k), (int, float))]
+    if missing:
+        raise ConfigError(f"rope type {rope['rope_type']!r} needs {', '.join(missing)}", source=str(config_file),
+                          key="rope_parameters")
+
+
+def _window(config: dict, model_type: str) -> int:
+    """Mistral's (and Qwen2's, where used) sliding attention window: the context is capped at it, so no position
+    ever attends past the window and a full causal mask is the window's mask."""
+    window = config.get("sliding_window")
+    used = model_type == "mistral" or (model_type == "qwen2" and config.get("use_sliding_window"))
+    return window if used and isinstance(window, int) and window > 0 else CONTEXT_CAP
 
 
 class TokenizerVocabulary:

@@ -1,39 +1,36 @@
-"""A local Hugging Face checkpoint as a stage model: transformers' own decoder layers, run one stage at a time.
+"""A local Hugging Face checkpoint as a stage model: its decoder layers (agents.hf.layers), one stage at a time.
 
 HFModel offers what agents.model.GPT offers the ring (embed, embed_at, run_layers, run_layers_batched, head,
 new_cache), so a PipelineStage, the drafters and the decode modes run a checkpoint as they run the byte models.
 
-Which way was taken, and why: the layers are transformers' own module classes (LlamaDecoderLayer, GPT2Block, ...),
-built on the meta device from the checkpoint's config, so no memory is spent on a layer a stage does not run; a
-stage then loads only its own tensors from the safetensors files (safe_open reads one tensor at a time, mapped,
-never the whole file) and assigns them. Each layer runs with the stage's own KV cache (agents.model.KVCache, a
-preallocated tensor) behind the one method transformers' attention calls, `update(key, value, layer_idx)`:
-rewinding it (speculation's rejected tail) and compacting it (a tree's accepted path) stay what they are for the
-byte models. The attention mask is always explicit (a causal block after its past, a tree's ancestors, a
-continuous batch's own lengths), so no family's mask builder or cache class is involved. The rotary position
+A stage reads only its own tensors from the safetensors files (safe_open reads one tensor at a time, mapped, never
+the whole file), each checked against the shape config.json makes it, and runs them through the family's layer
+(agents.hf.layers: plain torch, checked against transformers' forward in tests/test_hf.py; why not transformers'
+own classes is said there). Each layer runs with the stage's own KV cache (agents.model.KVCache, a preallocated
+tensor) behind one method, `update(key, value, layer_idx)`: rewinding it (speculation's rejected tail) and
+compacting it (a tree's accepted path) stay what they are for the byte models. The attention mask is always
+explicit (a causal block after its past, a tree's ancestors, a continuous batch's own lengths). The rotary position
 embedding (Llama, Qwen2, Mistral) is computed per call from the tokens' positions, which are not the cache slots
 in a tree; GPT-2's learned positions are added at the embedding, as the byte models do.
 
 The stages compute in float32 whatever the checkpoint's dtype (this is a CPU box; bf16 matmuls on it are slow and
 not what a GPU computes either); the hidden states cross the links as float32, or in the scenario's [wire] codec.
 """
-
 from __future__ import annotations
 
+import math
 import mmap
-import os
 
 import torch
+import torch.nn.functional as F
 
+from agents.hf import layers
 from agents.hf.checkpoint import Checkpoint
 from agents.model import KVCache, check_batch
 from testbed.core.errors import ConfigError
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory only: nothing may download at run time
-
-
 class _StageCache:
-    """The cache object transformers' attention calls (`update`), over a KVCache of layers first.. at `start`."""
+    """The cache a layer's attention calls (`update`), over a KVCache of layers first.. at `start`."""
 
     def __init__(self, cache: KVCache, first: int, start: int) -> None:
         self.cache, self.first, self.start = cache, first, start
@@ -73,64 +70,66 @@ class HFModel:
     """A checkpoint's decoder, its parts loaded on demand (load): a stage holds its layers only."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # an agent's stderr is the run's log: no bars in it
-
         self.checkpoint = checkpoint
         self.name = checkpoint.name
         self.config = checkpoint.shape
         self.vocabulary = checkpoint.vocabulary()
-        hf_config = AutoConfig.from_pretrained(checkpoint.path, local_files_only=True)
-        hf_config._attn_implementation = "sdpa"
-        with torch.device("meta"):  # shapes only: the tensors a stage runs are assigned by load()
-            self.module = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-        self.module.eval().requires_grad_(False)
-        family = checkpoint.family
-        self.decoder = getattr(self.module, family.base)
-        self.layers = getattr(self.decoder, family.layers)
-        self.rope = family.base == "model"  # Llama, Qwen2, Mistral rotate q and k by position; GPT-2 learns positions
-        if self.rope:
-            self.rotary = type(self.decoder.rotary_emb)(config=hf_config)  # its inv_freq is computed, not stored
+        self.rope = checkpoint.family.base == "model"  # Llama, Qwen2, Mistral rotate q and k; GPT-2 learns positions
+        self.rotary = layers.Rotary(checkpoint) if self.rope else None
+        self.layers: dict[int, layers.LlamaLayer | layers.GPT2Layer] = {}  # the loaded ones, by index
+        self.entry: dict[str, torch.Tensor] = {}  # the embeddings, the final norm and the head, once loaded
         self.loaded: set[str] = set()  # canonical tensor names assigned so far
 
     def load(self, first: int, last: int, entry: bool) -> "HFModel":
-        """Assign the tensors of layers first..last-1 (and the entry's embeddings, norm and head), read from the
-        safetensors files one tensor at a time; what is loaded already stays."""
-        from safetensors import safe_open
-
-        wanted = {name: where for name, where in self.checkpoint.stage_tensors(first, last, entry).items()
-                  if name not in self.loaded}
-        state = {}
-        for name, (file, stored) in wanted.items():
-            # one tensor per opening, mapped: a float32 tensor stays backed by the file's clean pages, which come in as
-            # the stage first computes with them (its RSS grows by its share, rows of the embedding it never looks up
-            # not even that); another dtype is converted one tensor at a time, so the peak is the share plus one tensor
-            with safe_open(str(file), framework="pt") as f:
-                state[name] = f.get_tensor(stored).to(torch.float32)
-        expected = dict(self.module.named_parameters(remove_duplicate=False))
-        for name, tensor in state.items():
-            if name in expected and tuple(expected[name].shape) != tuple(tensor.shape):
-                raise ConfigError(f"tensor {name!r} is {tuple(tensor.shape)}, config.json makes it "
-                                  f"{tuple(expected[name].shape)}", source=str(wanted[name][0]), key=name)
-        self.module.load_state_dict(state, strict=False, assign=True)
-        self.loaded |= set(state)
-        if entry and self.checkpoint.tied:
-            self.module.lm_head.weight = self.decoder.get_input_embeddings().weight
-        parts = [self.layers[i] for i in range(first, last)]
-        if entry:
-            parts += [getattr(self.decoder, m) for m in (*self.checkpoint.family.embeddings,
-                                                          self.checkpoint.family.final_norm)] + [self.module.lm_head]
-        for part in parts:
-            for name, tensor in [*part.named_parameters(), *part.named_buffers()]:
-                if tensor.is_meta:
-                    raise ConfigError(f"the weights hold no {name!r} for {type(part).__name__}",
-                                      source=str(self.checkpoint.index_file), key=name)
+        """Read the tensors of layers first..last-1 (and the entry's embeddings, norm and head) from the
+        safetensors files, one tensor at a time, each checked against the shape config.json makes it; what is
+        loaded already stays."""
+        checkpoint = self.checkpoint
+        checkpoint.stage_tensors(first, last, entry)  # the range and every part's presence, named if not
+        wanted = [(i, layers.layer_shapes(checkpoint, i)) for i in range(first, last) if i not in self.layers]
+        if entry and not self.entry:
+            wanted.append((None, layers.entry_shapes(checkpoint)))
+        for index, shapes in wanted:
+            tensors = {name: self._read(name, shape) for name, shape in shapes.items()}
+            self.loaded |= set(tensors)
+            if index is None:
+                self.entry = tensors
+            else:
+                prefix = checkpoint.layer_prefix(index)
+                self.layers[index] = layers.build_layer(
+                    checkpoint, index, {name[len(prefix):]: tensor for name, tensor in tensors.items()})
         return self
 
+    def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """One tensor, mapped: a float32 tensor stays backed by the file's clean pages, which come in as the stage
+        first computes with them (its RSS grows by its share; rows of the embedding it never looks up not even
+        that); another dtype is converted alone, so the peak is the share plus one tensor."""
+        from safetensors import safe_open
+
+        if name not in self.checkpoint.tensors:
+            raise ConfigError(f"the weights hold no {name!r}", source=str(self.checkpoint.index_file), key=name)
+        file, stored = self.checkpoint.tensors[name]
+        with safe_open(str(file), framework="pt") as f:
+            tensor = f.get_tensor(stored).to(torch.float32)
+        if tuple(tensor.shape) != tuple(shape):
+            raise ConfigError(f"tensor {name!r} is {tuple(tensor.shape)}, config.json makes it {tuple(shape)}",
+                              source=str(file), key=name)
+        return tensor
+
+    def _entry(self, part: str) -> torch.Tensor:
+        family = self.checkpoint.family
+        names = {"embedding": f"{family.base}.{family.embeddings[0]}.weight", "positions": f"{family.base}.wpe.weight",
+                 "norm": f"{family.base}.{family.final_norm}.weight", "norm_bias": f"{family.base}.{family.final_norm}.bias",
+                 "head": "lm_head.weight" if not self.checkpoint.tied else f"{family.base}.{family.embeddings[0]}.weight"}
+        if not self.entry:
+            raise ValueError(f"HFModel: the entry's tensors are not loaded (load(..., entry=True)) for {part}")
+        return self.entry[names[part]]
+
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.module.parameters())
+        """Every parameter of the checkpoint (loaded or not), as config.json shapes them."""
+        shapes = [layers.entry_shapes(self.checkpoint)] + [layers.layer_shapes(self.checkpoint, i)
+                                                            for i in range(self.config.n_layer)]
+        return sum(math.prod(shape) for group in shapes for shape in group.values())
 
     def new_cache(self, n_layers: int, batch_size: int = 1, extra_slots: int = 0) -> KVCache:
         """A KVCache of CONTEXT_CAP (+ extra) slots whose memory is taken as it is written: its keys and values lie
@@ -149,20 +148,20 @@ class HFModel:
         """Token (and GPT-2's position) embedding of idx [B, T] at positions start_pos.. -> [B, T, C]."""
         T = idx.size(1)
         self._check_positions([start_pos, start_pos + T - 1], "embed")
-        x = self.decoder.get_input_embeddings()(idx)  # [B, T, C]
-        return x if self.rope else x + self.decoder.wpe.weight[start_pos:start_pos + T]
+        x = F.embedding(idx, self._entry("embedding"))  # [B, T, C]
+        return x if self.rope else x + self._entry("positions")[start_pos:start_pos + T]
 
     def embed_at(self, ids: list[int], positions: list[int]) -> torch.Tensor:
         """One token per row, each at its own position -> [B, 1, C]."""
         self._check_positions(positions, "embed_at")
-        x = self.decoder.get_input_embeddings()(torch.tensor(ids, dtype=torch.long))  # [B, C]
-        return (x if self.rope else x + self.decoder.wpe.weight[positions]).unsqueeze(1)  # [B, 1, C]
+        x = F.embedding(torch.tensor(ids, dtype=torch.long), self._entry("embedding"))  # [B, C]
+        return (x if self.rope else x + self._entry("positions")[positions]).unsqueeze(1)  # [B, 1, C]
 
-    def _layer_kwargs(self, x: torch.Tensor, positions: torch.Tensor) -> dict:
-        """What every layer of the family takes besides the hidden state: the rotary cos/sin at `positions` [B, T]."""
-        if not self.rope:
-            return {}
-        return {"position_ids": positions, "position_embeddings": self.rotary(x, positions)}
+    def _layers(self, first: int, last: int) -> list:
+        missing = [i for i in range(first, last) if i not in self.layers]
+        if missing:
+            raise ValueError(f"HFModel: layers {missing} are not loaded (load({first}, {last}, ...))")
+        return [self.layers[i] for i in range(first, last)]
 
     def run_layers(self, x: torch.Tensor, first: int, last: int, cache: KVCache | None = None,
                    mask: torch.Tensor | None = None, positions: list[int] | None = None) -> torch.Tensor:
@@ -185,11 +184,11 @@ class HFModel:
         if mask is not None and tuple(mask.shape) != (T, start + T):
             raise ValueError(f"HFModel.run_layers: mask {tuple(mask.shape)} does not fit {T} new after {start}")
         pos = torch.tensor([positions] if positions is not None else [list(range(start, start + T))])  # [1, T]
-        kwargs = self._layer_kwargs(x, pos.expand(B, T))
+        rope = self.rotary(pos.expand(B, T)) if self.rotary else None
         view = _StageCache(cache, first, start) if cache is not None else None
         attention = None if mask is None else mask[None, None]  # [1, 1, T, start+T]
-        for layer in self.layers[first:last]:
-            x = layer(x, attention_mask=attention, cache=view, **kwargs)
+        for layer in self._layers(first, last):
+            x = layer(x, attention, view, rope)
         if cache is not None:
             cache.length = start + T
         return x
@@ -198,17 +197,21 @@ class HFModel:
         """Continuous batching: x [B, 1, C], one new token of each of B sequences, each with its own cache."""
         check_batch("HFModel", x, first, last, caches, self.config.n_layer)
         view = _BatchCache(caches, first)
-        kwargs = self._layer_kwargs(x, torch.tensor(view.lengths)[:, None])  # [B, 1]
+        rope = self.rotary(torch.tensor(view.lengths)[:, None]) if self.rotary else None  # at [B, 1]
         attention = view.mask()
-        for layer in self.layers[first:last]:
-            x = layer(x, attention_mask=attention, cache=view, **kwargs)
+        for layer in self._layers(first, last):
+            x = layer(x, attention, view, rope)
         for cache in caches:
             cache.length += 1
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        final_norm = getattr(self.decoder, self.checkpoint.family.final_norm)
-        return self.module.lm_head(final_norm(x))  # [B, T, C] -> [B, T, V]
+        if self.rope:
+            x = layers.rms_norm(x, self._entry("norm"), float(self.checkpoint.config.get("rms_norm_eps", 1e-6)))
+        else:
+            x = F.layer_norm(x, x.shape[-1:], self._entry("norm"), self._entry("norm_bias"),
+                             float(self.checkpoint.config.get("layer_norm_epsilon", 1e-5)))
+        return F.linear(x, self._entry("head"))  # [B, T, C] -> [B, T, V]
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """The unsplit forward of idx [B, T] -> logits [B, T, V] (every part must be loaded)."""
