@@ -10,6 +10,7 @@ import torch
 import trio
 
 from agents import wire
+from agents.reader import FrameReader
 from agents.batching import as_float32, batches
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
@@ -102,7 +103,7 @@ class RingClient:
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Read frames from one upstream connection into the inbox; a bad frame closes this connection only."""
         inbound = self.transport.inbound(stream)
-        reader = wire.FrameReader(stream, inbound.receive, now=self.clock.now, codec=self.codec)
+        reader = FrameReader(stream, inbound.receive, now=self.clock.now, codec=self.codec)
         try:
             while (item := await reader.read()) is not None:
                 if item[0].kind != wire.Kind.KV:
@@ -217,7 +218,7 @@ class RingClient:
     async def send_burst(self, frames: list[wire.Frame], dst: int | None = None) -> list[int]:
         """Several frames in one write, each flagged with how many follow (a continuous batch moving on together)."""
         left = len(frames) - 1
-        encoded = [wire.encode(dataclasses.replace(f, flags=(f.flags & ~wire.BURST_MASK) | (left - i)), self.codec)
+        encoded = [wire.encode(f, self.codec, flags=(f.flags & ~wire.BURST_MASK) | (left - i))
                    for i, f in enumerate(frames)]
         await self.write(b"".join(encoded), dst)
         return [len(data) for data in encoded]
@@ -247,7 +248,7 @@ class RingClient:
         size = (wire.HEADER.size + (len(frame.stamps) + 1) * wire.STAMP.size
                 + wire.payload_bytes(tensor, self.codec, frame.kind, frame.pos) + extra_bytes)
         stamp = Stamp(self.index, recv, start, real_end, end, self.clock.now(), size, batch)
-        return dataclasses.replace(frame, tensor=tensor, stamps=frame.stamps + (stamp,))
+        return frame.passed_on(tensor, stamp)
 
     def pass_through(self, frame: wire.Frame, recv: float) -> wire.Frame:
         return self.stamped(frame, recv, recv, recv, recv, None)

@@ -28,18 +28,15 @@ frame's shape implies under its own codec, and all zeros, and drops it.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 import struct
-import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
-import trio
 
-from testbed.core.errors import LinkBroken, WireError
+from testbed.core.errors import WireError
 from testbed.core.decode import CODECS, MAX_BLOCK, WireConfig
 from testbed.core.records import Stamp
 from agents.stamps import STAMP, Stamps, pack_stamp, packed_stamps, unpack_stamp  # noqa: F401 - re-exported
@@ -53,7 +50,6 @@ MAX_NDIM = 4
 MAX_STAMPS = 1026  # one per stage passed: a ring of testbed.scenario.stages.MAX_STAGES (1024) stages and a separate head
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a 2000-token prefill of a wide model still fits
 MAX_DIM = 1 << 24
-RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive
 
 
 class Kind(enum.IntEnum):
@@ -125,6 +121,8 @@ def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, cod
     return max(0, emulated_payload_bytes(positions, codec) - payload_len)
 
 
+_KINDS = {int(k): k for k in Kind}
+_DTYPES = {int(d): d for d in DType}
 NUMPY_DTYPES = {DType.FLOAT32: np.dtype("<f4"), DType.FLOAT16: np.dtype("<f2"), DType.INT32: np.dtype("<i4")}
 DTYPE_CODES = {np.dtype("float32"): DType.FLOAT32, np.dtype("float16"): DType.FLOAT16, np.dtype("int32"): DType.INT32}
 
@@ -157,10 +155,16 @@ class Frame:
     tensor: np.ndarray | None = None
     stamps: Sequence[Stamp] = field(default_factory=tuple)  # a tuple, or Stamps as a frame came off the wire
 
+    def passed_on(self, tensor: np.ndarray | None, stamp: Stamp) -> "Frame":
+        """This frame with `tensor` and one more stamp: built, not dataclasses.replace'd (a continuous batch
+        passes hundreds of frames on a forward pass)."""
+        return Frame(self.kind, self.stream, self.lap, self.pos, self.flags, tensor, self.stamps + (stamp,))
 
-def encode(frame: Frame, codec: WireConfig | None = None) -> bytes:
-    """Serialize a frame (a float32 tensor under `codec`); raises WireError for anything the decoder would reject."""
-    data, pad = encode_parts(frame, codec)
+
+def encode(frame: Frame, codec: WireConfig | None = None, flags: int | None = None) -> bytes:
+    """Serialize a frame (a float32 tensor under `codec`; `flags` in place of its own); raises WireError for
+    anything the decoder would reject."""
+    data, pad = encode_parts(frame, codec, flags)
     return data + bytes(pad) if pad else data
 
 
@@ -180,9 +184,11 @@ def zeros(n: int) -> memoryview:
 _ZEROS = bytes(PAD_PIECE := 1 << 20)  # a piece of padding per write: a 64 MiB prompt's zeros go in 64 of them
 
 
-def encode_parts(frame: Frame, codec: WireConfig | None = None) -> tuple[bytes, int]:
+def encode_parts(frame: Frame, codec: WireConfig | None = None, flags: int | None = None) -> tuple[bytes, int]:
     """The frame's header, stamps and payload, and how many zero bytes of padding follow them (sent apart, from
-    zeros(), so a 64 MiB emulated prompt is never built in memory)."""
+    zeros(), so a 64 MiB emulated prompt is never built in memory). `flags` replace the frame's own (a burst's
+    count of frames to follow) without a copy of the frame."""
+    flags = frame.flags if flags is None else flags
     tensor = frame.tensor
     block = 0
     if codec is not None and codec.codec not in CODECS:
@@ -210,10 +216,10 @@ def encode_parts(frame: Frame, codec: WireConfig | None = None) -> tuple[bytes, 
         raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
-    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, frame.flags)
+    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, flags)
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
     return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
-                                 frame.pos, frame.flags, *dims, len(frame.stamps), block, len(payload), pad),
+                                 frame.pos, flags, *dims, len(frame.stamps), block, len(payload), pad),
                      packed_stamps(frame.stamps), payload)), pad
 
 
@@ -247,21 +253,17 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
         raise WireError(f"bad magic {magic!r}; expected {MAGIC!r}")
     if version != VERSION:
         raise WireError(f"unsupported version {version}; expected {VERSION}")
-    try:
-        kind = Kind(kind)
-    except ValueError:
-        raise WireError(f"unknown frame kind {kind}") from None
-    try:
-        dtype = DType(dtype)
-    except ValueError:
-        raise WireError(f"unknown dtype code {dtype}") from None
+    if (kind := _KINDS.get(code := kind, code)) is code:  # a dict, not Kind(code): a burst decodes hundreds
+        raise WireError(f"unknown frame kind {code}")
+    if (dtype := _DTYPES.get(code := dtype, code)) is code:
+        raise WireError(f"unknown dtype code {code}")
     if ndim > MAX_NDIM:
         raise WireError(f"ndim {ndim} exceeds {MAX_NDIM}")
     dims = (d0, d1, d2, d3)
     if any(dims[ndim:]):
         raise WireError(f"shape {dims} has non-zero entries past ndim {ndim}")
     shape = dims[:ndim]
-    if any(d > MAX_DIM for d in shape):
+    if ndim and max(shape) > MAX_DIM:
         raise WireError(f"shape {shape} has a dimension over {MAX_DIM}")
     if n_stamps >= MAX_STAMPS:  # every stage adds its stamp before it forwards a frame: leave room for one
         raise WireError(f"{n_stamps} stamps exceed the limit of {MAX_STAMPS - 1} a frame may arrive with")
@@ -291,14 +293,15 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
 
 def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
     """The frame of a header and its body: with its padding, or without it where the reader checked and dropped it."""
-    if len(body) == header.body_len - header.pad_len:  # FrameReader: the padding was checked as it came
-        header = dataclasses.replace(header, pad_len=0)
-    if len(body) != header.body_len:
+    pad_len = header.pad_len
+    if pad_len and len(body) == header.body_len - pad_len:  # FrameReader: the padding was checked as it came
+        pad_len = 0
+    if len(body) != header.body_len - header.pad_len + pad_len:
         raise WireError(f"body is {len(body)} bytes; header says {header.body_len}")
-    if header.pad_len:
-        if np.frombuffer(body, np.uint8, offset=header.body_len - header.pad_len).any():
-            raise WireError(f"{header.pad_len} bytes of padding that are not all zero")
-        body = memoryview(body)[:header.body_len - header.pad_len]
+    if pad_len:
+        if np.frombuffer(body, np.uint8, offset=header.body_len - pad_len).any():
+            raise WireError(f"{pad_len} bytes of padding that are not all zero")
+        body = memoryview(body)[:header.body_len - pad_len]
     stamps = Stamps(body[:header.n_stamps * STAMP.size])
     tensor = None
     if header.dtype == DType.INT8_BLOCK:
@@ -320,76 +323,3 @@ def decode(data: bytes, codec: WireConfig | None = None) -> Frame:
     if len(data) != HEADER.size + header.body_len:
         raise WireError(f"frame is {len(data)} bytes; header says {HEADER.size + header.body_len}")
     return decode_body(header, memoryview(data)[HEADER.size:])
-
-
-class FrameReader:
-    """Reads whole frames from a Trio byte stream, with a bounded buffer."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream,
-                 receive: Callable[[int], Awaitable[bytes]] | None = None,
-                 now: Callable[[], float] = time.monotonic, codec: WireConfig | None = None) -> None:
-        self._stream = stream
-        self._codec = codec  # the run's [wire]: its emulated geometry bounds the padding a frame may carry
-        self._receive = receive or stream.receive_some
-        self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
-        self._buffer = bytearray()
-
-    async def _chunk(self, max_bytes: int) -> bytes:
-        try:
-            return await self._receive(max_bytes)
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
-
-    async def _fill(self, size: int) -> bool:
-        while len(self._buffer) < size:
-            chunk = await self._chunk(max(RECEIVE_CHUNK, min(size - len(self._buffer), PAD_PIECE)))
-            if not chunk:
-                if self._buffer:
-                    raise LinkBroken(f"connection closed mid-frame ({len(self._buffer)} of {size} bytes)")
-                return False
-            self._buffer += chunk
-        return True
-
-    def read_buffered(self) -> tuple[Frame, float] | None:
-        """The next frame if all of it is already buffered (no I/O), else None: drains a burst in one go."""
-        if len(self._buffer) < HEADER.size:
-            return None
-        header = decode_header(self._buffer, self._codec)
-        total = HEADER.size + header.body_len
-        if len(self._buffer) < total:
-            return None
-        body = bytes(self._buffer[HEADER.size:total])
-        del self._buffer[:total]
-        return decode_body(header, body), self._now()
-
-    async def read(self) -> tuple[Frame, float] | None:
-        """The next frame and the monotonic time it was complete, or None at a clean end of stream."""
-        if not await self._fill(HEADER.size):
-            return None
-        header = decode_header(self._buffer, self._codec)
-        end = HEADER.size + header.body_len - header.pad_len  # the padding is checked as it comes, never kept
-        if not await self._fill(end):
-            raise LinkBroken("connection closed mid-frame")
-        body = bytes(self._buffer[HEADER.size:end])  # a copy: the buffer is resized below
-        del self._buffer[:end]
-        await self._skip_padding(header.pad_len)
-        received_at = self._now()
-        return decode_body(header, body), received_at
-
-    async def _skip_padding(self, n: int) -> None:
-        """Consume n bytes of an emulated geometry's padding, each checked to be zero, none kept."""
-        while n:
-            if self._buffer:
-                take = min(n, len(self._buffer))
-                if self._buffer.count(0, 0, take) != take:
-                    raise WireError("padding that is not all zero")
-                del self._buffer[:take]
-            else:
-                chunk = await self._chunk(min(n, PAD_PIECE))
-                if not chunk:
-                    raise LinkBroken(f"connection closed in a frame's padding ({n} bytes to come)")
-                take = min(n, len(chunk))
-                if chunk.count(0, 0, take) != take:
-                    raise WireError("padding that is not all zero")
-                self._buffer += chunk[take:]
-            n -= take

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from agents import wire
+from agents.reader import FrameReader
 from testbed.scenario.config import load_scenario, scenario_from_dict
 from testbed.core.decode import WireConfig
 from testbed.core.errors import ConfigError, WireError
@@ -69,7 +70,7 @@ def test_the_receiver_refuses_padding_its_geometry_does_not_imply():
 
 async def test_a_frame_reader_drops_the_padding():
     send, receive = trio.testing.memory_stream_pair()
-    reader = wire.FrameReader(receive, now=lambda: 0.0, codec=SEED_700B)
+    reader = FrameReader(receive, now=lambda: 0.0, codec=SEED_700B)
     await send.send_all(wire.encode(hidden(2), SEED_700B) * 2)
     for _ in range(2):
         frame, _at = await reader.read()

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents import wire
+from agents.reader import FrameReader
 from testbed.core.errors import LinkBroken, WireError
 from testbed.core.records import LapRecord
 
@@ -107,7 +108,7 @@ async def test_reader_reassembles_split_frames():
     send, receive = trio.testing.memory_stream_one_way_pair()
     frames = [make_frame(), wire.Frame(wire.Kind.SHUTDOWN)]
     data = b"".join(wire.encode(f) for f in frames)
-    reader = wire.FrameReader(receive)
+    reader = FrameReader(receive)
     with trio.fail_after(5):
         for i in range(0, len(data), 7):  # dribble the bytes in 7-byte pieces
             await send.send_all(data[i:i + 7])
@@ -119,15 +120,38 @@ async def test_reader_reassembles_split_frames():
     assert second.kind == wire.Kind.SHUTDOWN and t > 0
 
 
+async def test_a_burst_past_the_readers_compaction_comes_out_whole_and_in_order():
+    """The reader reads its buffer from an offset and drops what it read only now and then (reader.COMPACT_BYTES):
+    a burst of 2.5 MiB, in pieces that split headers and bodies, gives every frame, in order, byte for byte."""
+    from agents import reader as reader_module
+
+    frames = [wire.Frame(wire.Kind.HIDDEN, stream=i, lap=7, pos=i, flags=599 - i,
+                         tensor=np.full((1, 1, 1024), i, np.float32), stamps=(wire.Stamp(1, i, i, i, i, i, 4, 2),))
+              for i in range(600)]
+    data = b"".join(wire.encode(f) for f in frames)
+    assert len(data) > 2 * reader_module.COMPACT_BYTES
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    reader, got = FrameReader(receive), []
+    with trio.fail_after(10):
+        for i in range(0, len(data), 100_003):
+            await send.send_all(data[i:i + 100_003])
+        await send.aclose()
+        while (item := await reader.read()) is not None:
+            got.append(item[0])
+            while (more := reader.read_buffered()) is not None:
+                got.append(more[0])
+    assert [wire.encode(f) for f in got] == [wire.encode(f) for f in frames]
+
+
 async def test_reader_rejects_garbage_and_midframe_close():
     send, receive = trio.testing.memory_stream_one_way_pair()
     with trio.fail_after(5):
         await send.send_all(b"X" * wire.HEADER.size)
         with pytest.raises(WireError, match="magic"):
-            await wire.FrameReader(receive).read()
+            await FrameReader(receive).read()
     send, receive = trio.testing.memory_stream_one_way_pair()
     with trio.fail_after(5):
         await send.send_all(wire.encode(make_frame())[:-3])
         await send.aclose()
         with pytest.raises(LinkBroken, match="mid-frame"):
-            await wire.FrameReader(receive).read()
+            await FrameReader(receive).read()

@@ -97,17 +97,18 @@ class StreamsMode:
                 await ring.send(frame)
 
     async def step(self, items: list[tuple[wire.Frame, float]]) -> None:
-        """Take up returned frames: sample each stream's token, report its lap, send the next token on."""
+        """Take up returned frames: sample each stream's token, send the next token on, report the laps (after
+        the sends: a batch of M records is not the entry's compute, and the convoy need not wait for it)."""
         step_start = self.ring.clock.now()
-        going, restarting = [], []
+        going, restarting, records = [], [], []
         for (frame, recv), logits in zip(items, self.heads(items)):
             stream = self.streams[frame.stream]
             token = self.sample(stream, logits)
             stream.sequence.append(token)
             stream.ids.append(token)
             stream.generated += 1
-            self.ring.report(LapRecord(frame.lap, stream.kind, self.ring.mode, stream.n_tok, 1, stream.start,
-                                       step_start, frame.stamps, recv, None, (token,), stream=stream.index))
+            records.append(LapRecord(frame.lap, stream.kind, self.ring.mode, stream.n_tok, 1, stream.start,
+                                     step_start, frame.stamps, recv, None, (token,), stream=stream.index))
             if stream.generated >= self.config.tokens:
                 continue
             if len(stream.sequence) >= self.block_size:
@@ -120,6 +121,8 @@ class StreamsMode:
             await self.front(going, prefill=False, step_start=step_start)
         for stream in restarting:
             await self.front([stream], prefill=True, step_start=self.ring.clock.now())
+        for record in records:
+            self.ring.report(record)
 
     async def receive(self) -> list[tuple[wire.Frame, float]]:
         items = await self.ring.receive_burst() if self.continuous else [await self.ring.receive()]

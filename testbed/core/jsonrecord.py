@@ -55,9 +55,14 @@ def _plain_value(value: Any, where: str) -> Any:
     return value
 
 
+_SCALARS = frozenset((int, float, str, bool, type(None)))  # plain as they are: the type checked before anything else
+
+
 def to_plain(value: Any) -> Any:
     """A record's field as plain data: nested records as dicts, containers copied (what dataclasses.asdict gives,
     without its deep copy of every leaf)."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, JsonRecord):
         return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -86,22 +91,35 @@ def _required(cls: type) -> frozenset[str]:
                      and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
 
 
+@functools.cache
+def _field_set(cls: type) -> frozenset[str]:
+    return frozenset(field_names(cls))
+
+
+@functools.cache
+def _nested(cls: type) -> tuple[tuple[str, Callable[[Any, str], Any]], ...]:
+    """The fields of cls that are not plain JSON values (records, lists of them), each with its converter."""
+    hints = _type_hints(cls)
+    return tuple((name, convert) for name in field_names(cls)
+                 if (convert := _converter(hints[name])) is not _plain_value)
+
+
 def record_from_dict(cls: type[R], data: dict[str, Any], *, what: str | None = None) -> R:
     """cls(**data) for a (nested) dataclass, with a clear error naming unknown and missing fields."""
-    what = what or cls.__name__
     if not isinstance(data, dict):
-        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
-    hints = _type_hints(cls)
-    unknown = sorted(set(data) - set(field_names(cls)))
-    if unknown:
-        raise ValueError(f"{what}: unknown field(s) {', '.join(unknown)}")
-    missing = sorted(_required(cls) - set(data))
-    if missing:
-        raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
-    out = {}
-    for key, value in data.items():
-        convert = _converter(hints[key])
-        out[key] = value if value is None or convert is _plain_value else convert(value, f"{what}.{key}")
+        raise ValueError(f"{what or cls.__name__}: expected an object, got {type(data).__name__}")
+    keys = data.keys()
+    if not keys <= _field_set(cls):
+        raise ValueError(f"{what or cls.__name__}: unknown field(s) {', '.join(sorted(keys - _field_set(cls)))}")
+    if not _required(cls) <= keys:
+        raise ValueError(f"{what or cls.__name__}: missing field(s) {', '.join(sorted(_required(cls) - keys))}")
+    nested = _nested(cls)
+    if not nested:  # a record of plain values (a stamp): thousands a lap on a long ring
+        return cls(**data)
+    out = dict(data)
+    for key, convert in nested:
+        if out.get(key) is not None:
+            out[key] = convert(out[key], f"{what or cls.__name__}.{key}")
     return cls(**out)
 
 

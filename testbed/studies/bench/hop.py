@@ -6,7 +6,7 @@ receiver's (the frame complete, as an agent's is):
 
     raw -> raw                      blocking sockets: the box's floor (section 2's baseline)
     raw -> relay -> raw             through the real relay process (netem.userspace) at delay D: what it adds
-    raw -> agent reader             the agent's own reader (TcpTransport.inbound + wire.FrameReader, in Trio)
+    raw -> agent reader             the agent's own reader (TcpTransport.inbound + FrameReader, in Trio)
     raw -> relay -> agent reader    both: the path a ring's hop takes, less the sender's encode
 
 Each line is the one-way time less the configured delay: mean, p50 and p99 over the same number of frames.
@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents import wire
+from agents.reader import FrameReader
 from netem.userspace import DEFAULT_RTO_MS
 from testbed.core import clock
 from testbed.core.channel import encode_line
@@ -83,7 +84,7 @@ async def receive_agent(count: int) -> list[float]:
     print(port, flush=True)
     stream = await listener.accept()
     inbound = TCP.inbound(stream)
-    reader = wire.FrameReader(stream, inbound.receive, now=clock.now)
+    reader = FrameReader(stream, inbound.receive, now=clock.now)
     samples = []
     for _ in range(count):
         frame, received = await reader.read()

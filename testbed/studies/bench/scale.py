@@ -14,7 +14,9 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from testbed.run.dilation import BUDGET_S
 from testbed.scenario.config import load_scenario
+from testbed.studies.base import dilation_cell, dilation_of
 from testbed.core.errors import TestbedError, leaf_errors
 
 SCALE_TARGET_PCT = 5.0
@@ -22,6 +24,10 @@ SCALE_TOKENS = 8
 # Streams in flight under continuous batching, in ascending order until the aggregate misses its prediction.
 SCALE_STREAMS = {3: (16, 64, 128, 256), 16: (16, 64), 32: (256,)}  # 32 x 256: issue 29's line (within 2%)
 SCALE_STREAMS_QUICK = {3: (4, 16), 16: (16,)}
+# A ring's dilation budget where the default (dilation.BUDGET_S) caps D too low for its line: 32 x 256 carries 8,192
+# frame-hops a lap, whose ~0.35 s of the agents' own work per lap needs D >= 140 for 0.3%; at 120 s D = 18 leaves
+# ~2.5% (the D column says what its cap leaves), at the default 40 s D = 6 leaves ~7%.
+SCALE_BUDGET_S = {32: 120.0}
 
 
 def scale_scenario(n_stages: int, streams: int):
@@ -57,7 +63,8 @@ def scale_table(console: Console, quick: bool) -> list[dict]:
             scenario = scale_scenario(n_stages, m)
             started = time.monotonic()
             try:
-                summary = trio.run(lambda: run_scenario(scenario, "userspace", log=lambda _m: None, dilation="auto"))
+                summary = trio.run(lambda: run_scenario(scenario, "userspace", log=lambda _m: None, dilation="auto",
+                                                        budget_s=SCALE_BUDGET_S.get(n_stages, BUDGET_S)))
             except BaseException as exc:  # noqa: BLE001 - our own errors end this ring's line; others re-raised
                 leaves = leaf_errors(exc)
                 if not leaves or not all(isinstance(e, TestbedError) for e in leaves):
@@ -67,15 +74,15 @@ def scale_table(console: Console, quick: bool) -> list[dict]:
             st = summary.streams
             cpu = [a.cpu_share for a in summary.agents]
             rss = [a.max_rss_mb for a in summary.agents]
-            row = {"ring": scenario.name, "stages": n_stages, "streams": m,
-                   "dilation": summary.dilation.factor if summary.dilation else 1.0,
+            row = {"ring": scenario.name, "stages": n_stages, "streams": m, **dilation_of(summary),
                    "aggregate_tok_s": st.aggregate_tok_s, "predicted_tok_s": st.aggregate_predicted_tok_s,
                    "error_pct": st.aggregate_error_pct, "per_stream_p50_tok_s": st.per_stream_p50_tok_s,
                    "busiest_stage": max(st.stage_busy), "agent_cpu_mean": float(np.mean(cpu)) if cpu else None,
                    "agent_cpu_max": max(cpu, default=None), "agent_rss_mb_mean": float(np.mean(rss)) if rss else None,
                    "run_s": time.monotonic() - started}
             rows.append(row)
-            table.add_row(f"{scenario.name} ({n_stages})", str(m), f"{row['dilation']:g}", f"{st.aggregate_tok_s:.1f}",
+            d_cell = dilation_cell(row["dilation"], row["capped_error_pct"])
+            table.add_row(f"{scenario.name} ({n_stages})", str(m), d_cell, f"{st.aggregate_tok_s:.1f}",
                           f"{st.aggregate_predicted_tok_s:.1f}", f"{st.aggregate_error_pct:+.2f}",
                           f"{st.per_stream_p50_tok_s:.2f}", f"{row['busiest_stage']:.0%}",
                           f"{row['agent_cpu_mean']:.0%} / {row['agent_cpu_max']:.0%}" if cpu else "-",
