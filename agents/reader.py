@@ -11,14 +11,10 @@ from agents.wire import HEADER, PAD_PIECE, Frame, WireConfig, _Header, decode_bo
 from testbed.core.errors import LinkBroken, WireError
 
 RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive
-COMPACT_BYTES = 1 << 20  # a reader drops the bytes it has read once they are this many (or all that it holds)
 
 
 class FrameReader:
-    """Reads whole frames from a Trio byte stream, with a bounded buffer.
-
-    The buffer is read from an offset and compacted once it is drained (or past COMPACT_BYTES): taking each frame
-    of a burst off its front would move the rest of the burst every time (a 256-frame burst, O(n^2) bytes)."""
+    """Reads whole frames from a Trio byte stream, with a bounded buffer."""
 
     def __init__(self, stream: trio.abc.ReceiveStream,
                  receive: Callable[[int], Awaitable[bytes]] | None = None,
@@ -28,19 +24,6 @@ class FrameReader:
         self._receive = receive or stream.receive_some
         self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
         self._buffer = bytearray()
-        self._at = 0  # where the unread bytes start
-
-    def _unread(self) -> int:
-        return len(self._buffer) - self._at
-
-    def _take(self, n: int) -> bytes:
-        """The next n buffered bytes, consumed."""
-        data = bytes(self._buffer[self._at:self._at + n])
-        self._at += n
-        if self._at == len(self._buffer) or self._at > COMPACT_BYTES:
-            del self._buffer[:self._at]
-            self._at = 0
-        return data
 
     async def _chunk(self, max_bytes: int) -> bytes:
         try:
@@ -49,38 +32,37 @@ class FrameReader:
             raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
 
     async def _fill(self, size: int) -> bool:
-        while self._unread() < size:
-            chunk = await self._chunk(max(RECEIVE_CHUNK, min(size - self._unread(), PAD_PIECE)))
+        while len(self._buffer) < size:
+            chunk = await self._chunk(max(RECEIVE_CHUNK, min(size - len(self._buffer), PAD_PIECE)))
             if not chunk:
-                if self._unread():
-                    raise LinkBroken(f"connection closed mid-frame ({self._unread()} of {size} bytes)")
+                if self._buffer:
+                    raise LinkBroken(f"connection closed mid-frame ({len(self._buffer)} of {size} bytes)")
                 return False
             self._buffer += chunk
         return True
 
-    def _header(self) -> _Header:
-        return decode_header(memoryview(self._buffer)[self._at:self._at + HEADER.size], self._codec)
-
     def read_buffered(self) -> tuple[Frame, float] | None:
         """The next frame if all of it is already buffered (no I/O), else None: drains a burst in one go."""
-        if self._unread() < HEADER.size:
+        if len(self._buffer) < HEADER.size:
             return None
-        header = self._header()
-        if self._unread() < HEADER.size + header.body_len:
+        header = decode_header(self._buffer, self._codec)
+        total = HEADER.size + header.body_len
+        if len(self._buffer) < total:
             return None
-        self._at += HEADER.size
-        return decode_body(header, self._take(header.body_len)), self._now()
+        body = bytes(self._buffer[HEADER.size:total])
+        del self._buffer[:total]
+        return decode_body(header, body), self._now()
 
     async def read(self) -> tuple[Frame, float] | None:
         """The next frame and the monotonic time it was complete, or None at a clean end of stream."""
         if not await self._fill(HEADER.size):
             return None
-        header = self._header()
-        body_len = header.body_len - header.pad_len  # the padding is checked as it comes, never kept
-        if not await self._fill(HEADER.size + body_len):
+        header = decode_header(self._buffer, self._codec)
+        end = HEADER.size + header.body_len - header.pad_len  # the padding is checked as it comes, never kept
+        if not await self._fill(end):
             raise LinkBroken("connection closed mid-frame")
-        self._at += HEADER.size
-        body = self._take(body_len)
+        body = bytes(self._buffer[HEADER.size:end])  # a copy: the buffer is resized below
+        del self._buffer[:end]
         await self._skip_padding(header.pad_len)
         received_at = self._now()
         return decode_body(header, body), received_at
@@ -88,11 +70,11 @@ class FrameReader:
     async def _skip_padding(self, n: int) -> None:
         """Consume n bytes of an emulated geometry's padding, each checked to be zero, none kept."""
         while n:
-            if self._unread():
-                take = min(n, self._unread())
-                if self._buffer.count(0, self._at, self._at + take) != take:
+            if self._buffer:
+                take = min(n, len(self._buffer))
+                if self._buffer.count(0, 0, take) != take:
                     raise WireError("padding that is not all zero")
-                self._take(take)
+                del self._buffer[:take]
             else:
                 chunk = await self._chunk(min(n, PAD_PIECE))
                 if not chunk:
