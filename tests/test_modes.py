@@ -53,3 +53,24 @@ def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode
     assert info.value.key == "placement.head"
     monkeypatch.setitem(decode.MODES, "echo", dataclasses.replace(ECHO, heads=("entry", "last")))
     assert scenario_from_dict(raw, "<test>").placement.head == "last"  # the mode's own line allows it
+
+
+def test_the_registry_line_says_what_a_mode_becomes_with_several_streams_or_an_edge_draft(monkeypatch):
+    """Several streams and an edge draft turn a mode into another (plain -> streams, speculative -> dsd) by what its
+    ModeInfo says, not by a mode named in the scenario rules."""
+    from testbed.scenario.config import scenario_from_dict
+
+    def scenario(decode, **more):
+        return scenario_from_dict({"stages": [{"name": f"s{i}"} for i in range(3)],
+                                   "network": {"hops_ms": [1.0, 1.0, 1.0]}, "decode": decode, **more}, "<test>")
+
+    monkeypatch.setitem(decode.MODES, "echo", ECHO)
+    with pytest.raises(ConfigError, match="'echo' runs one stream; several streams need mode 'plain' or 'streams'"):
+        scenario({"mode": "echo", "streams": 3})
+    with pytest.raises(ConfigError, match="decode.mode must be 'speculative', not 'echo'"):
+        scenario({"mode": "echo"}, spec={"placement": "edge"})
+    monkeypatch.setitem(decode.MODES, "echo", dataclasses.replace(ECHO, streams_as="echo", edge_as="echo"))
+    assert scenario({"mode": "echo", "streams": 3}).decode.mode == "echo"
+    assert scenario({"mode": "echo", "k": 4}, spec={"placement": "edge"}).decode.mode == "echo"
+    assert scenario({"mode": "plain", "streams": 3}).decode.mode == "streams"
+    assert scenario({"mode": "speculative", "k": 4}, spec={"placement": "edge"}).decode.mode == "dsd"

@@ -150,23 +150,33 @@ class ModeInfo:
     # several sequences in flight: the run log keeps each one's tokens and a window of their decode laps, and the
     # collector exports the streams gauges over it (testbed.run.runlog, testbed.run.collector)
     per_stream: bool = False
+    # what a scenario's other sections turn it into: with decode.streams > 1 (plain decode of several streams is the
+    # streams mode), with spec.placement = "edge" (the drafter moves to edge clients: dsd); None: it has no such form
+    streams_as: str | None = None
+    edge_as: str | None = None
+
+
+def modes_with(form: str) -> tuple[str, ...]:
+    """The modes that have a `form` ("streams_as", "edge_as") of their own, but for that form's own mode."""
+    return tuple(name for name, info in MODES.items() if getattr(info, form) not in (None, name))
 
 
 # A new decode mode is one module plus one line here.
 MODES: dict[str, ModeInfo] = {info.name: info for info in (
-    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS),
+    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS, streams_as="streams"),
     ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
              summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec", spec_headline=True,
-             running_summarizer="testbed.run.modes.speculative:summarize_spec_totals"),
+             running_summarizer="testbed.run.modes.speculative:summarize_spec_totals", edge_as="dsd"),
     ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
              summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2,
-             per_stream=True, own_calibration=True),
+             per_stream=True, own_calibration=True, streams_as="streams"),
     ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
              summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True, greedy_on_last=True,
              window_counts=(("rounds", "tree"),)),
     # its laps: the edge clients' rounds (the server's are "verify")
     ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.run.modes.dsd:summarize_dsd",
-             summary_field="dsd", lap_kind="spec", own_calibration=True, window_counts=(("rounds", "spec"),)),
+             summary_field="dsd", lap_kind="spec", own_calibration=True, window_counts=(("rounds", "spec"),),
+             edge_as="dsd"),
     ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.run.modes.tp:summarize_tp",
              summary_field="tp", every_agent=True, window_counts=(("tokens", "decode"),)),
 )}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, MODES, TREE_POLICIES, DecodeConfig
+from testbed.core.decode import (BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, MODES, TREE_POLICIES,
+                                 DecodeConfig, modes_with)
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import number as _number
 from testbed.scenario.validate import string as _string
@@ -66,11 +67,13 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
             value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high,
                             integer=kind in ("int", "k"))
         values[f.name] = value * scale if scaled else value
-    if values["streams"] > 1 and values["mode"] == "plain":
-        values["mode"] = "streams"  # plain decode of several streams in flight is the streams mode
-    if values["streams"] > 1 and values["mode"] != "streams":
-        raise ConfigError(f"decode.mode {values['mode']!r} runs one stream; several streams need mode \"streams\" "
-                          f"(or \"plain\")", source=source, key="decode.streams")
+    if values["streams"] > 1:  # plain decode of several streams in flight is the streams mode (ModeInfo.streams_as)
+        streams_as = MODES[values["mode"]].streams_as
+        if streams_as is None:
+            raise ConfigError(f"decode.mode {values['mode']!r} runs one stream; several streams need mode "
+                              f"{' or '.join(map(repr, modes_with('streams_as') + ('streams',)))}", source=source,
+                              key="decode.streams")
+        values["mode"] = streams_as
     return DecodeConfig(**values)
 
 

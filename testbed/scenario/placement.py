@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_CLIENTS, DecodeConfig,
-                                 PlacementConfig, SpecConfig, TPConfig)
+from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_CLIENTS, MODES, DecodeConfig,
+                                 PlacementConfig, SpecConfig, TPConfig, modes_with)
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 from testbed.scenario.regions import RegionMatrix
@@ -76,13 +76,15 @@ def spec_from_dict(raw: Any, decode: DecodeConfig, source: str, scale: float) ->
                       rate_mbit=_number(raw, "rate_mbit", 0.0, source, "spec", maximum=100_000), pipelined=pipelined)
     if spec.placement == "colocated":
         return spec, decode
-    if decode.mode not in ("speculative", "dsd"):
-        raise ConfigError(f"an edge draft is speculative decoding: decode.mode must be \"speculative\", not "
-                          f"{decode.mode!r}", source=source, key="spec.placement")
+    edge_as = MODES[decode.mode].edge_as
+    if edge_as is None:
+        raise ConfigError(f"an edge draft is speculative decoding: decode.mode must be "
+                          f"{' or '.join(map(repr, modes_with('edge_as')))}, not {decode.mode!r}", source=source,
+                          key="spec.placement")
     if decode.k == "auto" or decode.k_sweep:
         raise ConfigError("an edge client drafts a fixed K: set decode.k to a number and no k_sweep", source=source,
                           key="decode.k")
-    return spec, replace(decode, mode="dsd")
+    return spec, replace(decode, mode=edge_as)
 
 
 def edge_links(spec: SpecConfig, n_stages: int, seed: int) -> list[LinkSpec]:
