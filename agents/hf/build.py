@@ -11,8 +11,11 @@ past the tokenizer's size are never produced by it (a real checkpoint pads its v
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers here reads and writes local directories only: no hub
 
 FAMILY_CONFIGS = ("gpt2", "llama", "qwen2", "mistral")
 TOKENIZER_TEXT = pathlib.Path(__file__).resolve().parents[1] / "model.py"  # shipped: the same merges everywhere
