@@ -200,7 +200,11 @@ def test_a_missing_tensor_and_an_unrunnable_dtype_are_named(checkpoints, tmp_pat
             ("missing", {k: v for k, v in weights.items() if not k.startswith("model.layers.1.")},
              "no tensor named model.layers.1.*"),
             ("int8", {**weights, "model.norm.weight": weights["model.norm.weight"].to(torch.int8)},
-             "'model.norm.weight' is I8, which this machine cannot run")):
+             "'model.norm.weight' is I8, which this machine cannot run"),
+            ("one-missing", {k: v for k, v in weights.items() if k != "model.layers.1.mlp.up_proj.weight"},
+             "no tensor named 'model.layers.1.mlp.up_proj.weight'"),
+            ("misshapen", {**weights, "model.layers.2.self_attn.k_proj.weight": torch.zeros(64, 64)},
+             "tensor 'model.layers.2.self_attn.k_proj.weight' is (64, 64), config.json makes it (32, 64)")):
         directory = tmp_path / name
         directory.mkdir()
         for file in ("config.json", "tokenizer.json"):

@@ -171,8 +171,8 @@ def _safetensors_header(path: Path) -> dict:
     return header
 
 
-def _tensor_files(path: Path) -> dict[str, Path]:
-    """Every stored tensor name -> the file that holds it (one file, or the shards of an index)."""
+def _tensor_files(path: Path) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
+    """Every stored tensor name -> the file that holds it (one file, or the shards of an index), and -> its shape."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = _read_json(index, "").get("weight_map")
@@ -196,7 +196,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         if entry.get("dtype") not in LOADABLE_DTYPES:
             raise ConfigError(f"tensor {name!r} is {entry.get('dtype')}, which this machine cannot run "
                               f"(loadable: {', '.join(LOADABLE_DTYPES)})", source=str(files[name]), key=name)
-    return files
+    return files, {name: tuple(entry.get("shape", ())) for name, entry in entries.items()}
 
 
 @functools.cache
@@ -227,15 +227,73 @@ def _open(path: Path) -> Checkpoint:
                                       _window(config, model_type)),
                        n_layer=_config_int(config, family.n_layer, config_file), n_head=n_head, n_embd=n_embd,
                        kv_heads=kv_heads, head_dim=head_dim)
-    stored = _tensor_files(path)
+    stored, stored_shapes = _tensor_files(path)
     # GPT-2's original checkpoints name tensors without the decoder's prefix ("h.0.attn.c_attn.weight")
     canonical = {name if name.startswith((f"{family.base}.", "lm_head.")) else f"{family.base}.{name}": (file, name)
                  for name, file in stored.items()}
     tied = bool(config.get("tie_word_embeddings", family.tied_default))
     checkpoint = Checkpoint(path, model_type, config, shape, tied, canonical)
     checkpoint.stage_tensors(0, shape.n_layer, entry=True)  # every part present, named if not
+    _check_tensors(checkpoint, {name: stored_shapes[stored_name] for name, (_, stored_name) in canonical.items()})
     checkpoint.vocabulary()  # and a tokenizer that fits the vocabulary
     return checkpoint
+
+
+def layer_shapes(checkpoint: Checkpoint, layer: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor layer `layer` of the checkpoint runs, by canonical name -> its shape as config.json makes it."""
+    s, config, p = checkpoint.shape, checkpoint.config, checkpoint.layer_prefix(layer)
+    C, q_width, kv_width = s.n_embd, s.n_head * s.head_dim, s.kv_heads * s.head_dim
+    if checkpoint.model_type == "gpt2":
+        inner = config.get("n_inner") or 4 * C
+        return {f"{p}ln_1.weight": (C,), f"{p}ln_1.bias": (C,), f"{p}ln_2.weight": (C,), f"{p}ln_2.bias": (C,),
+                f"{p}attn.c_attn.weight": (C, 3 * C), f"{p}attn.c_attn.bias": (3 * C,),
+                f"{p}attn.c_proj.weight": (C, C), f"{p}attn.c_proj.bias": (C,),
+                f"{p}mlp.c_fc.weight": (C, inner), f"{p}mlp.c_fc.bias": (inner,),
+                f"{p}mlp.c_proj.weight": (inner, C), f"{p}mlp.c_proj.bias": (C,)}
+    inner = config.get("intermediate_size") or 4 * C
+    attn, mlp = f"{p}self_attn.", f"{p}mlp."
+    shapes = {f"{p}input_layernorm.weight": (C,), f"{p}post_attention_layernorm.weight": (C,),
+              f"{attn}q_proj.weight": (q_width, C), f"{attn}k_proj.weight": (kv_width, C),
+              f"{attn}v_proj.weight": (kv_width, C), f"{attn}o_proj.weight": (C, q_width),
+              f"{mlp}gate_proj.weight": (inner, C), f"{mlp}up_proj.weight": (inner, C),
+              f"{mlp}down_proj.weight": (C, inner)}
+    qkv_bias = checkpoint.model_type == "qwen2" or bool(config.get("attention_bias"))
+    if qkv_bias:
+        shapes |= {f"{attn}q_proj.bias": (q_width,), f"{attn}k_proj.bias": (kv_width,),
+                   f"{attn}v_proj.bias": (kv_width,)}
+    if checkpoint.model_type != "qwen2" and config.get("attention_bias"):
+        shapes[f"{attn}o_proj.bias"] = (C,)
+    if config.get("mlp_bias"):
+        shapes |= {f"{mlp}gate_proj.bias": (inner,), f"{mlp}up_proj.bias": (inner,), f"{mlp}down_proj.bias": (C,)}
+    return shapes
+
+
+def entry_shapes(checkpoint: Checkpoint) -> dict[str, tuple[int, ...]]:
+    """The entry's own tensors: the embeddings, the final norm and (untied) the LM head."""
+    s, family = checkpoint.shape, checkpoint.family
+    base = family.base
+    shapes = {f"{base}.{family.embeddings[0]}.weight": (s.vocab_size, s.n_embd),
+              f"{base}.{family.final_norm}.weight": (s.n_embd,)}
+    if checkpoint.model_type == "gpt2":
+        shapes |= {f"{base}.wpe.weight": (checkpoint.config.get("n_positions", s.block_size), s.n_embd),
+                   f"{base}.{family.final_norm}.bias": (s.n_embd,)}
+    if not checkpoint.tied:
+        shapes["lm_head.weight"] = (s.vocab_size, s.n_embd)
+    return shapes
+
+
+def _check_tensors(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor the stages will read is in the weights, at the shape config.json makes it (read from the
+    safetensors headers: a bad checkpoint stops the run at load, by name, not an agent minutes later)."""
+    wanted = [entry_shapes(checkpoint)] + [layer_shapes(checkpoint, i) for i in range(checkpoint.shape.n_layer)]
+    for group in wanted:
+        for name, expected in group.items():
+            if name not in shapes:
+                raise ConfigError(f"no tensor named {name!r} in the checkpoint's weights",
+                                  source=str(checkpoint.index_file), key=name)
+            if shapes[name] != tuple(expected):
+                raise ConfigError(f"tensor {name!r} is {shapes[name]}, config.json makes it {tuple(expected)}",
+                                  source=str(checkpoint.tensors[name][0]), key=name)
 
 
 def rope_parameters(config: dict) -> dict:

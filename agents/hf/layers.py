@@ -1,4 +1,4 @@
-"""A checkpoint's decoder layers in plain torch, by family: the tensors' names and shapes, and the math they run.
+"""A checkpoint's decoder layers in plain torch, by family (their tensors' names and shapes: agents.hf.checkpoint).
 
 Why not transformers' own classes: importing any of its model modules (even a config class) brings in its
 activations, kernels and masking utilities, and through them torch._dynamo, torch.distributed.tensor and sympy:
@@ -25,49 +25,6 @@ ACTIVATIONS = {  # agents.hf.checkpoint.ACTIVATION_NAMES: what a checkpoint is c
     "silu": F.silu, "swish": F.silu, "relu": F.relu, "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
-
-
-def layer_shapes(checkpoint, layer: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor layer `layer` of the checkpoint runs, by canonical name -> its shape as config.json makes it."""
-    s, config, p = checkpoint.shape, checkpoint.config, checkpoint.layer_prefix(layer)
-    C, q_width, kv_width = s.n_embd, s.n_head * s.head_dim, s.kv_heads * s.head_dim
-    if checkpoint.model_type == "gpt2":
-        inner = config.get("n_inner") or 4 * C
-        return {f"{p}ln_1.weight": (C,), f"{p}ln_1.bias": (C,), f"{p}ln_2.weight": (C,), f"{p}ln_2.bias": (C,),
-                f"{p}attn.c_attn.weight": (C, 3 * C), f"{p}attn.c_attn.bias": (3 * C,),
-                f"{p}attn.c_proj.weight": (C, C), f"{p}attn.c_proj.bias": (C,),
-                f"{p}mlp.c_fc.weight": (C, inner), f"{p}mlp.c_fc.bias": (inner,),
-                f"{p}mlp.c_proj.weight": (inner, C), f"{p}mlp.c_proj.bias": (C,)}
-    inner = config.get("intermediate_size") or 4 * C
-    attn, mlp = f"{p}self_attn.", f"{p}mlp."
-    shapes = {f"{p}input_layernorm.weight": (C,), f"{p}post_attention_layernorm.weight": (C,),
-              f"{attn}q_proj.weight": (q_width, C), f"{attn}k_proj.weight": (kv_width, C),
-              f"{attn}v_proj.weight": (kv_width, C), f"{attn}o_proj.weight": (C, q_width),
-              f"{mlp}gate_proj.weight": (inner, C), f"{mlp}up_proj.weight": (inner, C),
-              f"{mlp}down_proj.weight": (C, inner)}
-    qkv_bias = checkpoint.model_type == "qwen2" or bool(config.get("attention_bias"))
-    if qkv_bias:
-        shapes |= {f"{attn}q_proj.bias": (q_width,), f"{attn}k_proj.bias": (kv_width,),
-                   f"{attn}v_proj.bias": (kv_width,)}
-    if checkpoint.model_type != "qwen2" and config.get("attention_bias"):
-        shapes[f"{attn}o_proj.bias"] = (C,)
-    if config.get("mlp_bias"):
-        shapes |= {f"{mlp}gate_proj.bias": (inner,), f"{mlp}up_proj.bias": (inner,), f"{mlp}down_proj.bias": (C,)}
-    return shapes
-
-
-def entry_shapes(checkpoint) -> dict[str, tuple[int, ...]]:
-    """The entry's own tensors: the embeddings, the final norm and (untied) the LM head."""
-    s, family = checkpoint.shape, checkpoint.family
-    base = family.base
-    shapes = {f"{base}.{family.embeddings[0]}.weight": (s.vocab_size, s.n_embd),
-              f"{base}.{family.final_norm}.weight": (s.n_embd,)}
-    if checkpoint.model_type == "gpt2":
-        shapes |= {f"{base}.wpe.weight": (checkpoint.config.get("n_positions", s.block_size), s.n_embd),
-                   f"{base}.{family.final_norm}.bias": (s.n_embd,)}
-    if not checkpoint.tied:
-        shapes["lm_head.weight"] = (s.vocab_size, s.n_embd)
-    return shapes
 
 
 def activation(checkpoint):

@@ -16,6 +16,7 @@ in a tree; GPT-2's learned positions are added at the embedding, as the byte mod
 The stages compute in float32 whatever the checkpoint's dtype (this is a CPU box; bf16 matmuls on it are slow and
 not what a GPU computes either); the hidden states cross the links as float32, or in the scenario's [wire] codec.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from agents.hf import layers
-from agents.hf.checkpoint import Checkpoint
+from agents.hf.checkpoint import Checkpoint, entry_shapes, layer_shapes
 from agents.model import KVCache, check_batch
 from testbed.core.errors import ConfigError
+
 
 class _StageCache:
     """The cache a layer's attention calls (`update`), over a KVCache of layers first.. at `start`."""
@@ -86,9 +88,9 @@ class HFModel:
         loaded already stays."""
         checkpoint = self.checkpoint
         checkpoint.stage_tensors(first, last, entry)  # the range and every part's presence, named if not
-        wanted = [(i, layers.layer_shapes(checkpoint, i)) for i in range(first, last) if i not in self.layers]
+        wanted = [(i, layer_shapes(checkpoint, i)) for i in range(first, last) if i not in self.layers]
         if entry and not self.entry:
-            wanted.append((None, layers.entry_shapes(checkpoint)))
+            wanted.append((None, entry_shapes(checkpoint)))
         for index, shapes in wanted:
             tensors = {name: self._read(name, shape) for name, shape in shapes.items()}
             self.loaded |= set(tensors)
@@ -127,7 +129,7 @@ class HFModel:
 
     def num_params(self) -> int:
         """Every parameter of the checkpoint (loaded or not), as config.json shapes them."""
-        shapes = [layers.entry_shapes(self.checkpoint)] + [layers.layer_shapes(self.checkpoint, i)
+        shapes = [entry_shapes(self.checkpoint)] + [layer_shapes(self.checkpoint, i)
                                                             for i in range(self.config.n_layer)]
         return sum(math.prod(shape) for group in shapes for shape in group.values())
 
