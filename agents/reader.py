@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from agents.wire import HEADER, PAD_PIECE, Frame, WireConfig, _Header, decode_body, decode_header
+from agents.wire import HEADER, PAD_PIECE, Frame, WireConfig, decode_body, decode_header
 from testbed.core.errors import LinkBroken, WireError
 
 RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive

@@ -294,3 +294,10 @@ def test_a_checkpoints_kv_cache_takes_memory_only_where_it_is_written(checkpoint
     cache.v[:, :, :, :48] = 1.0
     assert _rss_kib() - before < 16 * 1024  # 48 slots of 4 x 16 rows: ~2 x 1.5 MiB, not 128
     assert not cache.k[:, :, :, 48:].any() and not cache.v[:, :, :, 48:].any()  # the rest reads as zeros
+
+
+def test_the_activations_checked_at_load_are_the_ones_the_layers_run():
+    from agents.hf.checkpoint import ACTIVATION_NAMES
+    from agents.hf.layers import ACTIVATIONS
+
+    assert set(ACTIVATION_NAMES) == set(ACTIVATIONS)

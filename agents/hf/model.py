@@ -4,7 +4,7 @@ HFModel offers what agents.model.GPT offers the ring (embed, embed_at, run_layer
 new_cache), so a PipelineStage, the drafters and the decode modes run a checkpoint as they run the byte models.
 
 A stage reads only its own tensors from the safetensors files (safe_open reads one tensor at a time, mapped, never
-the whole file), each checked against the shape config.json makes it, and runs them through the family's layer
+the whole file), each checked by name and shape when the checkpoint was opened, and runs them through the family's layer
 (agents.hf.layers: plain torch, checked against transformers' forward in tests/test_hf.py; why not transformers'
 own classes is said there). Each layer runs with the stage's own KV cache (agents.model.KVCache, a preallocated
 tensor) behind one method, `update(key, value, layer_idx)`: rewinding it (speculation's rejected tail) and
@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from agents.hf import layers
 from agents.hf.checkpoint import Checkpoint, entry_shapes, layer_shapes
 from agents.model import KVCache, check_batch
-from testbed.core.errors import ConfigError
 
 
 class _StageCache:
@@ -80,19 +79,23 @@ class HFModel:
         self.rotary = layers.Rotary(checkpoint) if self.rope else None
         self.layers: dict[int, layers.LlamaLayer | layers.GPT2Layer] = {}  # the loaded ones, by index
         self.entry: dict[str, torch.Tensor] = {}  # the embeddings, the final norm and the head, once loaded
+        base, embedding = checkpoint.family.base, f"{checkpoint.family.base}.{checkpoint.family.embeddings[0]}.weight"
+        norm = f"{base}.{checkpoint.family.final_norm}"
+        self._entry_names = {"embedding": embedding, "positions": f"{base}.wpe.weight", "norm": f"{norm}.weight",
+                             "norm_bias": f"{norm}.bias", "head": embedding if checkpoint.tied else "lm_head.weight"}
         self.loaded: set[str] = set()  # canonical tensor names assigned so far
 
     def load(self, first: int, last: int, entry: bool) -> "HFModel":
         """Read the tensors of layers first..last-1 (and the entry's embeddings, norm and head) from the
-        safetensors files, one tensor at a time, each checked against the shape config.json makes it; what is
-        loaded already stays."""
+        safetensors files, one tensor at a time (each was checked, by name and shape, when the checkpoint was
+        opened: agents.hf.checkpoint); what is loaded already stays."""
         checkpoint = self.checkpoint
         checkpoint.stage_tensors(first, last, entry)  # the range and every part's presence, named if not
         wanted = [(i, layer_shapes(checkpoint, i)) for i in range(first, last) if i not in self.layers]
         if entry and not self.entry:
             wanted.append((None, entry_shapes(checkpoint)))
         for index, shapes in wanted:
-            tensors = {name: self._read(name, shape) for name, shape in shapes.items()}
+            tensors = {name: self._read(name) for name in shapes}
             self.loaded |= set(tensors)
             if index is None:
                 self.entry = tensors
@@ -102,30 +105,20 @@ class HFModel:
                     checkpoint, index, {name[len(prefix):]: tensor for name, tensor in tensors.items()})
         return self
 
-    def _read(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _read(self, name: str) -> torch.Tensor:
         """One tensor, mapped: a float32 tensor stays backed by the file's clean pages, which come in as the stage
         first computes with them (its RSS grows by its share; rows of the embedding it never looks up not even
         that); another dtype is converted alone, so the peak is the share plus one tensor."""
         from safetensors import safe_open
 
-        if name not in self.checkpoint.tensors:
-            raise ConfigError(f"the weights hold no {name!r}", source=str(self.checkpoint.index_file), key=name)
         file, stored = self.checkpoint.tensors[name]
         with safe_open(str(file), framework="pt") as f:
-            tensor = f.get_tensor(stored).to(torch.float32)
-        if tuple(tensor.shape) != tuple(shape):
-            raise ConfigError(f"tensor {name!r} is {tuple(tensor.shape)}, config.json makes it {tuple(shape)}",
-                              source=str(file), key=name)
-        return tensor
+            return f.get_tensor(stored).to(torch.float32)
 
     def _entry(self, part: str) -> torch.Tensor:
-        family = self.checkpoint.family
-        names = {"embedding": f"{family.base}.{family.embeddings[0]}.weight", "positions": f"{family.base}.wpe.weight",
-                 "norm": f"{family.base}.{family.final_norm}.weight", "norm_bias": f"{family.base}.{family.final_norm}.bias",
-                 "head": "lm_head.weight" if not self.checkpoint.tied else f"{family.base}.{family.embeddings[0]}.weight"}
         if not self.entry:
             raise ValueError(f"HFModel: the entry's tensors are not loaded (load(..., entry=True)) for {part}")
-        return self.entry[names[part]]
+        return self.entry[self._entry_names[part]]
 
     def num_params(self) -> int:
         """Every parameter of the checkpoint (loaded or not), as config.json shapes them."""
