@@ -9,6 +9,8 @@ Launcher -> agent, JSON lines on stdin:
 Agent -> launcher, JSON lines on the control fd:
     {"event": "listening", "port": P}  {"event": "ready"}  {"event": "probe", "record": LapRecord}
     {"event": "lap", "record": LapRecord}  {"event": "done", "tokens": N}  {"event": "error", "message": ...}
+    {"event": "laps", "record": LapRecord, "laps": [...], "streams": [...], "ids": [[...], ...]}   the laps of one
+        BATCH frame's streams: the record's, with each one's lap, stream and ids (RingClient.report_laps)
     {"event": "usage", "wall_s": W, "cpu_s": S, "max_rss_mb": M}   CPU and memory over the run, before done/finished
     {"event": "finished"}   a middle stage passed the entry's SHUTDOWN on: its exit from here on is normal
 stdin closing means the launcher is gone or done: the agent exits.

@@ -10,20 +10,44 @@ from agents import wire
 
 
 def batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame, float]]]:
-    """Arrival order kept; consecutive one-token HIDDEN frames of different streams form one batch, anything
-    else (a probe, a prefill block, SHUTDOWN, a second frame of a stream already in the batch) stands alone."""
+    """Arrival order kept; consecutive one-token HIDDEN frames and BATCH frames of different streams form one
+    batch, anything else (a probe, a prefill block, SHUTDOWN, a stream already in the batch) stands alone."""
     groups: list[list[tuple[wire.Frame, float]]] = []
-    streams: set[int] = set()  # the streams of the last group, when it is a batch (O(1) a frame, not O(batch))
+    streams: set[int] = set()  # the streams of the last group, when it is a batch (O(1) a row, not O(batch))
     for item in items:
         frame = item[0]
-        batchable = frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1)
-        if batchable and groups and streams and frame.stream not in streams:
+        mine = row_streams(frame)
+        if mine and groups and streams and streams.isdisjoint(mine):
             groups[-1].append(item)
-            streams.add(frame.stream)
+            streams.update(mine)
         else:
             groups.append([item])
-            streams = {frame.stream} if batchable else set()
+            streams = set(mine)
     return groups
+
+
+def row_streams(frame: wire.Frame) -> list[int]:
+    """The streams of a frame a batch can take ([] for one it cannot): a BATCH frame's rows', a one-token HIDDEN
+    frame's own."""
+    if frame.kind == wire.Kind.BATCH:
+        return frame.rows["stream"].tolist()
+    if frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1):
+        return [frame.stream]
+    return []
+
+
+def rows_of(group: list[tuple[wire.Frame, float]]) -> tuple[np.ndarray, list[int], list[int]]:
+    """A batch's hidden states [B, 1, C], positions and streams, row by row over its frames."""
+    tensors, positions, streams = [], [], []
+    for frame, _ in group:
+        tensors.append(frame.tensor)
+        if frame.kind == wire.Kind.BATCH:
+            positions += frame.rows["pos"].tolist()
+            streams += frame.rows["stream"].tolist()
+        else:
+            positions.append(frame.pos)
+            streams.append(frame.stream)
+    return (tensors[0] if len(tensors) == 1 else np.concatenate(tensors)), positions, streams
 
 
 def as_float32(item: tuple[wire.Frame, float]) -> tuple[wire.Frame, float]:

@@ -80,6 +80,9 @@ class Block(nn.Module):
         return x
 
 
+_EMPTY: dict = {}  # (shape, dtype) -> the empty tensor the caches of a stage of no layers share
+
+
 class KVCache:
     """Keys/values for a contiguous range of layers, for batch B, preallocated to block_size positions."""
 
@@ -102,8 +105,13 @@ class KVCache:
         # slots, not positions: a speculation tree holds its n nodes in n slots at a few positions (tree depth)
         self.block_size = config.block_size + extra_slots
         shape = (n_layers, batch_size, config.kv_heads, self.block_size, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, kv_heads, block_size, hd]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
+        if n_layers == 0 and device is None:  # holds nothing: one empty tensor per shape does for every cache
+            if (shape, dtype) not in _EMPTY:
+                _EMPTY[shape, dtype] = torch.zeros(shape, dtype=dtype)
+            self.k = self.v = _EMPTY[shape, dtype]
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, kv_heads, block_size, hd]
+            self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
         self.length = 0  # positions [0, length) hold valid keys/values in every layer
 
     def truncate(self, length: int) -> None:
@@ -221,21 +229,27 @@ class GPT(nn.Module):
         """
         check_batch("GPT", x, first, last, caches, self.config.n_layer)
         B, T, C = x.size()
+        by_length: dict[int, list[int]] = {}
+        for b, cache in enumerate(caches):
+            by_length.setdefault(cache.length, []).append(b)
         for i, block in enumerate(self.transformer.h[first:last]):
             attn = block.attn
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.n_embd, dim=2)  # 3 x [B, 1, C]
             q = q.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)  # [B, nh, 1, hd]
             k = k.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
             v = v.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
-            ys = []
-            for b, cache in enumerate(caches):
-                start = cache.length
-                cache.k[i][:, :, start : start + 1] = k[b : b + 1]
-                cache.v[i][:, :, start : start + 1] = v[b : b + 1]
+            y = torch.empty_like(q)  # [B, nh, 1, hd]
+            for start, rows in by_length.items():  # rows whose pasts are alike long attend as one batch
+                keys, values = [], []
+                for b in rows:
+                    cache = caches[b]
+                    cache.k[i][:, :, start : start + 1] = k[b : b + 1]
+                    cache.v[i][:, :, start : start + 1] = v[b : b + 1]
+                    keys.append(cache.k[i][:, :, : start + 1])
+                    values.append(cache.v[i][:, :, : start + 1])
                 # one new token sees every key of its own sequence: no mask
-                ys.append(F.scaled_dot_product_attention(q[b : b + 1], cache.k[i][:, :, : start + 1],
-                                                         cache.v[i][:, :, : start + 1]))  # [1, nh, 1, hd]
-            y = torch.cat(ys).transpose(1, 2).contiguous().view(B, 1, C)  # [B, 1, C]
+                y[rows] = F.scaled_dot_product_attention(q[rows], torch.cat(keys), torch.cat(values))
+            y = y.transpose(1, 2).contiguous().view(B, 1, C)  # [B, 1, C]
             x = x + attn.c_proj(y)
             x = x + block.mlp(block.ln_2(x))
         for cache in caches:

@@ -10,8 +10,9 @@ import torch
 import trio
 
 from agents import wire
+from agents.admit import Admission
 from agents.reader import FrameReader
-from agents.batching import as_float32, batches
+from agents.batching import as_float32, batches, rows_of
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
@@ -81,9 +82,7 @@ class RingClient:
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
         # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
         self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
-        self.serving = False  # in serve(): a frame that does not fit the stage is refused on arrival (admit)
-        self.frontier: dict[int, int] = {}  # stream -> its cache length once the frames queued so far are computed
-        self.tree_nodes: dict[int, int] = {}  # stream -> nodes of the tree its next queued block is
+        self.admission = Admission(stage, stage_index)  # in serve(), a frame that does not fit is refused on arrival
 
     def cost_s(self, n_tok: int = 1, batch: int = 1, pos: float | None = None) -> float:
         """Emulated compute of a pass over n_tok positions of `batch` streams from position `pos` (their mean; None:
@@ -126,36 +125,12 @@ class RingClient:
         frame, _ = item = as_float32(item)
         if frame.kind in wire.SIDE_KINDS and self.index != 0:  # only the entry hears edge clients (agents.modes.dsd)
             raise WireError(f"a {frame.kind.name} frame at stage {self.index}: edge clients talk to the entry")
-        self.admit(frame)
+        self.admission.admit(frame)
         channel = self.side_send if frame.kind in wire.SIDE_KINDS else self.inbox_send
         try:
             channel.send_nowait(item)  # a frame of a burst goes in without a scheduling round per frame
         except trio.WouldBlock:
             await channel.send(item)
-
-    def admit(self, frame: wire.Frame) -> None:
-        """In serve(), refuse (WireError: the connection closes) a well-formed frame PipelineStage would fail on: a kind
-        it does not take, a block not [1, T, n_embd] float32 or past the KV cache the frames queued before leave it."""
-        kind, stream, pos, x, config = frame.kind, frame.stream, frame.pos, frame.tensor, self.stage.model.config
-        if self.serving and len(frame.stamps) >= wire.MAX_STAMPS - 1:  # with this stage's, the next would refuse it
-            raise WireError(f"a frame with {len(frame.stamps)} stamps leaves no room for stage {self.index}'s")
-        if not self.serving or kind in (wire.Kind.PROBE, wire.Kind.SHUTDOWN):
-            return
-        if kind not in (wire.Kind.HIDDEN, wire.Kind.TREE) or not 0 <= stream < PipelineStage.MAX_STREAMS:
-            raise WireError(f"a {kind.name} frame of stream {stream}: stage {self.index} takes HIDDEN and TREE frames")
-        length, slots = self.frontier.get(stream, 0), config.block_size + self.stage.tree_slots
-        if kind == wire.Kind.TREE:
-            self.tree_nodes[stream] = len(wire.tree_plan(x, slots, pos, length))
-            self.frontier[stream] = max(length, pos)  # KVCache.compact
-            return
-        if x is None or x.dtype != np.float32 or x.ndim != 3 or x.shape[0] != 1 or x.shape[2] != config.n_embd:
-            raise WireError(f"stage {self.index} takes [1, T, {config.n_embd}] float32, not {getattr(x, 'shape', x)}")
-        nodes = self.tree_nodes.get(stream)
-        if not 0 < x.shape[1] <= slots - pos or pos > length or nodes not in (None, x.shape[1]):
-            raise WireError(f"a block of {x.shape[1]} at position {pos} does not fit stage {self.index}: stream "
-                            f"{stream} has {length} cached by then of {slots} slots; tree nodes expected: {nodes}")
-        self.frontier[stream] = pos + x.shape[1]
-        self.tree_nodes.pop(stream, None)
 
     async def dial(self, peers: dict[int, Address]) -> None:
         """Open a connection over every outgoing link (the shaper decided what address reaches each peer)."""
@@ -208,6 +183,10 @@ class RingClient:
         return len(data) + pad
 
     async def receive(self) -> tuple[wire.Frame, float]:
+        try:  # one already queued needs no timeout (a cancel scope a frame: a train of frames queues at a stage)
+            return self.inbox.receive_nowait()
+        except trio.WouldBlock:
+            pass
         try:
             with trio.fail_after(self.lap_timeout_s):
                 return await self.inbox.receive()
@@ -261,7 +240,7 @@ class RingClient:
         batching "none": one frame per forward pass, in arrival order (a frame that arrives while the stage is busy
         queues). "continuous": every one-token frame queued when the stage turns to its inbox (and the rest of their
         bursts) runs as one batched forward pass, then moves on as one burst."""
-        self.serving = True
+        self.admission.serving = True
         while True:
             items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
             for group in batches(items):
@@ -276,31 +255,42 @@ class RingClient:
                     if frame.kind == wire.Kind.SHUTDOWN:
                         return
                     continue
-                if len(group) == 1:
-                    start = self.clock.now()
-                    hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
-                    if self.last_head is not None:  # only token ids go back
-                        hidden = self.last_head(self.stage, frame, hidden)
-                        frame = dataclasses.replace(frame, kind=wire.Kind.TOKEN)
-                    real_end = self.clock.now()
-                    n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
-                    ahead = self.tree_ahead.pop(frame.stream, b"")
-                    kv = ([(ahead, 0)] if ahead else []) + self.kv_frame(frame.pos, n_tok, frame.stream)
-                    await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos),
-                                                             self.dilation * (real_end - start)))
-                    await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
-                                                 extra_bytes=wire.parts_len(kv)), kv=kv)
+                if len(group) == 1 and frame.kind != wire.Kind.BATCH:
+                    await self.serve_one(frame, recv)
                     continue
-                start = self.clock.now()
-                hiddens = self.stage.run_batch([f.tensor for f, _ in group], [f.pos for f, _ in group],
-                                               [f.stream for f, _ in group])
-                real_end = self.clock.now()
-                b = len(group)
-                cost = self.cost_s(1, b, sum(f.pos for f, _ in group) / b)  # each stream reads its KV: b x the mean
-                await self.clock.sleep_until(start + max(cost, self.dilation * (real_end - start)))
-                end = self.clock.now()
-                await self.send_burst([self.stamped(f, recv_i, start, real_end, end, h, b)
-                                       for (f, recv_i), h in zip(group, hiddens)])
+                await self.serve_batch(group)
+
+    async def serve_one(self, frame: wire.Frame, recv: float) -> None:
+        """One frame's block in a forward pass of its own, then on (with KV or a tree plan ahead of it)."""
+        start = self.clock.now()
+        hidden = self.stage.run(frame.tensor, frame.pos, frame.stream)
+        if self.last_head is not None:  # only token ids go back
+            hidden = self.last_head(self.stage, frame, hidden)
+            frame = dataclasses.replace(frame, kind=wire.Kind.TOKEN)
+        real_end = self.clock.now()
+        n_tok = frame.tensor.shape[1] if frame.tensor is not None and frame.tensor.ndim == 3 else 1
+        ahead = self.tree_ahead.pop(frame.stream, b"")
+        kv = ([(ahead, 0)] if ahead else []) + self.kv_frame(frame.pos, n_tok, frame.stream)
+        await self.clock.sleep_until(start + max(self.cost_s(n_tok, 1, frame.pos), self.dilation * (real_end - start)))
+        await self.send(self.stamped(frame, recv, start, real_end, self.clock.now(), hidden,
+                                     extra_bytes=wire.parts_len(kv)), kv=kv)
+
+    async def serve_batch(self, group: list[tuple[wire.Frame, float]]) -> None:
+        """Continuous batching: one new token of every stream of the group's frames (one-token HIDDEN frames and
+        BATCH frames) in one forward pass, then each frame on with its rows, as one burst."""
+        start = self.clock.now()
+        x, positions, streams = rows_of(group)
+        hidden = self.stage.run_batch(x, positions, streams)
+        real_end = self.clock.now()
+        b = len(positions)
+        cost = self.cost_s(1, b, sum(positions) / b)  # each stream reads its KV: b x the mean
+        await self.clock.sleep_until(start + max(cost, self.dilation * (real_end - start)))
+        end, frames, row = self.clock.now(), [], 0
+        for frame, recv in group:
+            n = frame.tensor.shape[0]
+            frames.append(self.stamped(frame, recv, start, real_end, end, hidden[row:row + n], b))
+            row += n
+        await self.send_burst(frames)
 
     # --- entry stage ---------------------------------------------------------------------------
 
@@ -387,6 +377,14 @@ class RingClient:
     def report(self, record: LapRecord) -> None:
         """Send a finished lap's record to the launcher."""
         self.report_event("lap", {"record": record.to_dict()})
+
+    def report_laps(self, records: list[LapRecord]) -> None:
+        """Send the laps of one BATCH frame's streams: alike but for their lap, stream and ids, so they go as the
+        first one's record and those three per lap (the stamps once, not once per stream: testbed.run.launcher)."""
+        if len(records) == 1:
+            return self.report(records[0])
+        self.report_event("laps", {"record": records[0].to_dict(), "laps": [r.lap for r in records],
+                                   "streams": [r.stream for r in records], "ids": [list(r.ids) for r in records]})
 
     async def shutdown(self) -> None:
         if self.n_stages == 1 or self.next_stage not in self.peers:

@@ -91,22 +91,53 @@ class PipelineStage:
             depths.append(depths[parent] + 1 if parent >= 0 else 0)
         return tree_mask(parents, pos), [pos + depth for depth in depths]
 
-    @torch.inference_mode()
     def run(self, hidden: np.ndarray, pos: int, stream: int = 0) -> np.ndarray:
         """Middle/last stage: hidden [B, T, C] float32 at positions pos.. -> hidden [B, T, C]."""
+        if self.plan.last_layer == self.plan.first_layer and not self.trees:  # layers = 0: it only forwards
+            cache = self._rewind(pos, stream)
+            if pos + hidden.shape[1] > cache.block_size:
+                raise ValueError(f"{pos} cached + {hidden.shape[1]} new positions exceed {cache.block_size} slots")
+            cache.length = pos + hidden.shape[1]
+            return hidden
+        return self._run(hidden, pos, stream)
+
+    @torch.inference_mode()
+    def _run(self, hidden: np.ndarray, pos: int, stream: int) -> np.ndarray:
         cache = self._rewind(pos, stream)
         x = torch.from_numpy(hidden)  # [B, T, C]
         mask, positions = self._tree_mask(stream, pos, x.shape[1])
         x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask, positions)
         return x.numpy()
 
+    def _rewind_rows(self, positions: list[int], streams: list[int]) -> list[KVCache]:
+        """_rewind for each row of a batch (a tight loop: a 1,024-stream batch crosses every stage of the ring)."""
+        caches, get = [], self.caches.get
+        for pos, stream in zip(positions, streams, strict=True):
+            cache = get(stream) or self.cache_for(stream)
+            if not 0 <= pos <= cache.length:
+                raise ValueError(f"block starts at position {pos} but stage {self.plan.stage} has only "
+                                 f"{cache.length} cached for stream {stream}")
+            cache.length = pos  # KVCache.truncate, checked above
+            caches.append(cache)
+        return caches
+
+    def run_batch(self, hidden: np.ndarray, positions: list[int], streams: list[int]) -> np.ndarray:
+        """Continuous batching: one new token of each of several streams (hidden [B, 1, C]) in one forward pass."""
+        if self.plan.last_layer == self.plan.first_layer:  # layers = 0: it only forwards (one tight loop a batch)
+            get = self.caches.get
+            for pos, stream in zip(positions, streams, strict=True):
+                cache = get(stream) or self.cache_for(stream)
+                if not 0 <= pos <= cache.length or pos >= cache.block_size:
+                    raise ValueError(f"a token at position {pos} does not fit stage {self.plan.stage}: stream {stream} "
+                                     f"has {cache.length} cached of {cache.block_size} slots")
+                cache.length = pos + 1
+            return hidden
+        return self._run_batch(hidden, self._rewind_rows(positions, streams))
+
     @torch.inference_mode()
-    def run_batch(self, hiddens: list[np.ndarray], positions: list[int], streams: list[int]) -> list[np.ndarray]:
-        """Continuous batching: one new token of each of several streams ([1, 1, C] each) in one forward pass."""
-        caches = [self._rewind(pos, stream) for pos, stream in zip(positions, streams, strict=True)]
-        x = torch.from_numpy(np.concatenate(hiddens))  # [B, 1, C]
-        x = self.model.run_layers_batched(x, self.plan.first_layer, self.plan.last_layer, caches)
-        return [row[None] for row in x.numpy()]
+    def _run_batch(self, hidden: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        x = self.model.run_layers_batched(torch.from_numpy(hidden), self.plan.first_layer, self.plan.last_layer, caches)
+        return x.numpy()
 
     @torch.inference_mode()
     def embed_and_run(self, ids: list[int], pos: int, stream: int = 0, positions: list[int] | None = None) -> np.ndarray:
@@ -123,12 +154,11 @@ class PipelineStage:
         return x.numpy()
 
     @torch.inference_mode()
-    def embed_and_run_batch(self, ids: list[int], positions: list[int], streams: list[int]) -> list[np.ndarray]:
-        """Entry stage, continuous batching: the next token of each of several streams in one forward pass."""
-        caches = [self._rewind(pos, stream) for pos, stream in zip(positions, streams, strict=True)]
+    def embed_and_run_batch(self, ids: list[int], positions: list[int], streams: list[int]) -> np.ndarray:
+        """Entry stage, continuous batching: the next token of each of several streams in one forward pass -> [B, 1, C]."""
+        caches = self._rewind_rows(positions, streams)
         x = self.model.embed_at(ids, positions)  # [B, 1, C]
-        x = self.model.run_layers_batched(x, self.plan.first_layer, self.plan.last_layer, caches)
-        return [row[None] for row in x.numpy()]
+        return self.model.run_layers_batched(x, self.plan.first_layer, self.plan.last_layer, caches).numpy()
 
     @torch.inference_mode()
     def logits(self, hidden: np.ndarray) -> torch.Tensor:

@@ -12,7 +12,8 @@ Layout (little-endian)::
       stage u16 | batch u16 | sent_bytes u32 | recv f64 | compute_start f64 | real_end f64 |
       compute_end f64 | send f64          (seconds on the box's one CLOCK_MONOTONIC)
     payload (payload_len bytes): the tensor, C order; for int8-block (Petals-style blockwise absmax int8) the
-      n int8 values of the flattened tensor, then one float32 scale per `block` consecutive values
+      n int8 values of the flattened tensor, then one float32 scale per `block` consecutive values; a BATCH frame's
+      payload starts with its row table (B x ROW: each row's stream, lap and position), the tensor after it
     padding (pad_len zero bytes): an emulated geometry's extra bytes (below)
 
 A codec (WireConfig: "f32", "f16", "int8-block") is chosen per scenario: the sender encodes a float32 hidden
@@ -63,12 +64,17 @@ class Kind(enum.IntEnum):
     DRAFT = 8  # edge speculation (agents.modes.dsd), edge -> entry: int32 [last token, drafts...] at pos; stream = client
     PROBS = 9  # ... and float32 [K, V], the draft's distribution at each drafted position (the exact rule needs it)
     VERDICT = 10  # entry -> edge: int32 [accepted, next token]
+    BATCH = 11  # a continuous batch moving on as one frame: float32 [B, 1, C], one new token of each of B streams,
+    #             with `rows` (ROW: each one's stream, lap, position); its stamps are the batch's (agents.batching)
 
 
 SIDE_KINDS = (Kind.DRAFT, Kind.PROBS)  # frames from edge clients: the entry takes them from a side inbox
 PROMPT = 1 << 17  # flags of a DRAFT frame: the ids are a client's prompt (the entry prefills it)
 BYE = 1 << 18  # flags of a DRAFT frame: the client is done
 
+
+ROW = np.dtype([("stream", "<u4"), ("pos", "<u4"), ("lap", "<u8")])  # a BATCH frame's row: 16 bytes
+MAX_ROWS = 1024  # rows a BATCH frame may carry: a stage's KV caches (agents.stage.PipelineStage.MAX_STREAMS)
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)
 NO_SAMPLE = 1 << 16  # flags: a prefill chunk before the last; a separate head returns no token for it
@@ -98,7 +104,8 @@ def payload_bytes(tensor: np.ndarray | None, codec: WireConfig | None = None, ki
         own = int8_block_bytes(tensor.size, codec.block)
     else:
         own = tensor.size * (2 if name == "f16" or tensor.dtype == np.float16 else 4)
-    return own + pad_bytes(kind, tensor.shape, own, codec, pos)
+    rows = tensor.shape[0] * ROW.itemsize if kind == Kind.BATCH else 0
+    return own + rows + pad_bytes(kind, tensor.shape, own, codec, pos)
 
 
 def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, codec: WireConfig | None,
@@ -106,10 +113,12 @@ def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, cod
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
     the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions); a
     REDUCE message (a tensor-parallel partial sum, agents.tp, a share of a hidden state) the same share of the
-    geometry's; a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
+    geometry's; a BATCH frame [B, 1, C] the geometry's bytes of its B positions (never a prompt's); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
     holds (at most a stage's share); every other frame none. Never negative: a frame is at least its own."""
-    if codec is None or not codec.width or not shape or kind not in (Kind.HIDDEN, Kind.REDUCE, Kind.KV):
+    if codec is None or not codec.width or not shape or kind not in (Kind.HIDDEN, Kind.REDUCE, Kind.KV, Kind.BATCH):
         return 0
+    if kind == Kind.BATCH:
+        return max(0, emulated_payload_bytes(math.prod(shape[:-1]), codec) - payload_len)
     if kind == Kind.KV:
         if len(shape) != 4 or not codec.kv_layer_bytes or not 0 < flags <= max(codec.stage_layers, default=0):
             return 0  # not a geometry's KV frame (its own only): the decoder refuses any padding on it
@@ -154,11 +163,32 @@ class Frame:
     flags: int = 0
     tensor: np.ndarray | None = None
     stamps: Sequence[Stamp] = field(default_factory=tuple)  # a tuple, or Stamps as a frame came off the wire
+    rows: np.ndarray | None = None  # a BATCH frame's rows (ROW), one per row of its tensor
 
     def passed_on(self, tensor: np.ndarray | None, stamp: Stamp) -> "Frame":
         """This frame with `tensor` and one more stamp: built, not dataclasses.replace'd (a continuous batch
         passes hundreds of frames on a forward pass)."""
-        return Frame(self.kind, self.stream, self.lap, self.pos, self.flags, tensor, self.stamps + (stamp,))
+        return Frame(self.kind, self.stream, self.lap, self.pos, self.flags, tensor, self.stamps + (stamp,), self.rows)
+
+
+def batch_rows(streams: Sequence[int], laps: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """A BATCH frame's row table."""
+    rows = np.empty(len(streams), ROW)
+    rows["stream"], rows["lap"], rows["pos"] = streams, laps, positions
+    return rows
+
+
+def _check_batch(kind: "Kind", rows: np.ndarray | None, shape: tuple[int, ...]) -> int:
+    """Bytes of a frame's row table: a BATCH frame's [B, 1, C] needs B rows (1..MAX_ROWS), no other frame has any."""
+    if kind != Kind.BATCH:
+        if rows is not None:
+            raise WireError(f"a {kind.name} frame carries no rows")
+        return 0
+    if len(shape) != 3 or shape[1] != 1 or not 1 <= shape[0] <= MAX_ROWS:
+        raise WireError(f"a BATCH frame is [B <= {MAX_ROWS}, 1, C], not {shape}")
+    if rows is not None and (rows.dtype != ROW or rows.shape != (shape[0],)):
+        raise WireError(f"a BATCH frame of {shape[0]} rows needs {shape[0]} rows of {ROW}, got {rows.shape}")
+    return shape[0] * ROW.itemsize
 
 
 def encode(frame: Frame, codec: WireConfig | None = None, flags: int | None = None) -> bytes:
@@ -212,11 +242,15 @@ def encode_parts(frame: Frame, codec: WireConfig | None = None, flags: int | Non
         dtype = DTYPE_CODES[tensor.dtype]
         shape = tensor.shape
         payload = np.ascontiguousarray(tensor, dtype=NUMPY_DTYPES[dtype]).tobytes()
+    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, flags)  # the rows are over it
+    if _check_batch(frame.kind, frame.rows, tuple(shape)):
+        if frame.rows is None:
+            raise WireError("a BATCH frame needs its rows")
+        payload = frame.rows.tobytes() + payload
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
-    pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, flags)
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
     return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
                                  frame.pos, flags, *dims, len(frame.stamps), block, len(payload), pad),
@@ -269,6 +303,10 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
         raise WireError(f"{n_stamps} stamps exceed the limit of {MAX_STAMPS - 1} a frame may arrive with")
     if payload_len > MAX_PAYLOAD_BYTES:
         raise WireError(f"payload length {payload_len} exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    rows_len = _check_batch(kind, None, shape)
+    if rows_len and dtype not in (DType.FLOAT32, DType.FLOAT16, DType.INT8_BLOCK):
+        raise WireError(f"a BATCH frame carries hidden states, not {dtype.name.lower()}")
+    payload_len -= rows_len  # the tensor's own bytes, checked against its shape below
     if dtype == DType.NONE:
         if ndim or payload_len:
             raise WireError(f"dtype none needs ndim 0 and no payload, got ndim {ndim}, {payload_len} bytes")
@@ -284,7 +322,8 @@ def decode_header(data: bytes | bytearray | memoryview, codec: WireConfig | None
         if ndim == 0 or expected != payload_len:
             raise WireError(f"payload length {payload_len} does not match shape {shape} of {dtype.name.lower()} "
                             f"({expected} bytes)")
-    expected_pad = pad_bytes(kind, shape, payload_len, codec, pos, flags)
+    expected_pad = pad_bytes(kind, shape, payload_len, codec, pos, flags)  # the rows are over the geometry's bytes
+    payload_len += rows_len
     if pad_len != expected_pad:  # the geometry bounds a frame: nothing larger than its shape implies gets in
         raise WireError(f"padding of {pad_len} bytes; a {kind.name} frame of shape {shape} carries {expected_pad} under "
                         f"this run's geometry ({codec.width if codec is not None else 0} wide)")
@@ -303,18 +342,19 @@ def decode_body(header: _Header, body: bytes | bytearray | memoryview) -> Frame:
             raise WireError(f"{pad_len} bytes of padding that are not all zero")
         body = memoryview(body)[:header.body_len - pad_len]
     stamps = Stamps(body[:header.n_stamps * STAMP.size])
-    tensor = None
+    tensor, rows, offset = None, None, header.n_stamps * STAMP.size
+    if header.kind == Kind.BATCH:
+        rows = np.frombuffer(body, ROW, count=header.shape[0], offset=offset).copy()
+        offset += rows.nbytes
     if header.dtype == DType.INT8_BLOCK:
-        offset = header.n_stamps * STAMP.size
         n = int(np.prod(header.shape, dtype=np.int64))
         q = np.frombuffer(body, dtype=np.int8, count=n, offset=offset)
         scales = np.frombuffer(body, dtype="<f4", offset=offset + n)
         tensor = dequantize_blocks(q, scales, header.block, header.shape)  # a new float32 array
     elif header.dtype != DType.NONE:
-        offset = header.n_stamps * STAMP.size
         # Copy: the array must own its memory (the receive buffer is reused) and be writable for torch.
         tensor = np.frombuffer(body, dtype=NUMPY_DTYPES[header.dtype], offset=offset).reshape(header.shape).copy()
-    return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, stamps)
+    return Frame(header.kind, header.stream, header.lap, header.pos, header.flags, tensor, stamps, rows)
 
 
 def decode(data: bytes, codec: WireConfig | None = None) -> Frame:

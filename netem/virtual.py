@@ -2,9 +2,10 @@
 
 `--shaper virtual` runs the same agents, modes, wire frames (encoded to bytes and decoded), run log, summary and
 collector as the other backends; only the seam differs (testbed.core.transport): agents listen and dial on one
-`MemoryNetwork`, and each directed link src -> dst is the userspace relay's own `relay()` between two in-memory
-streams, on Trio's clock, with the relay's `LinkTiming` (delay, seeded jitter, loss with the RTO, rate as a
-next-free clock, the schedule). The launcher runs the whole run under `trio.testing.MockClock(autojump_threshold=0)`
+`MemoryNetwork`, and each directed link src -> dst takes the bytes its sender puts in (in pieces of the relay's
+RELAY_CHUNK), gives each piece the userspace relay's `LinkTiming` deadline (delay, seeded jitter, loss with the RTO,
+rate as a next-free clock, the schedule) on Trio's clock, and hands it to the receiver at that deadline: one task a
+link, no relay task reading a stream in between. The launcher runs the whole run under `trio.testing.MockClock(autojump_threshold=0)`
 (testbed.core.virtual_time), so:
 
 - the forward passes are real (the tokens are the model's) but take no simulated time: a stage's compute is its
@@ -17,15 +18,16 @@ next-free clock, the schedule). The launcher runs the whole run under `trio.test
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import trio
 
 from netem.base import Shaper, ShaperOptions
-from netem.userspace import TRIO_CLOCK, LinkTiming, describe_timing, realized_propagation, relay
+from netem.userspace import RELAY_CHUNK, LinkTiming, describe_timing, realized_propagation
 from testbed.core.clock import TRIO
 from testbed.core.records import Address, LinkSpec
-from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork
+from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork, MemoryStream
 
 # What a virtual run means, as the JSON summary says it (shaper_facts.virtual).
 MEANING = {
@@ -76,12 +78,12 @@ class VirtualShaper(Shaper):
     def _relay_to(self, link: LinkSpec, target: Address):
         events = tuple(e.to_dict() for e in self.schedule if (e.src, e.dst) == (link.src, link.dst))
 
-        async def handle(upstream: trio.abc.Stream) -> None:
+        async def handle(upstream: MemoryStream) -> None:
             downstream = await self.transport.connect(target)
             timing = LinkTiming.from_spec(link, self.options.loss_rto_ms, events)
             timing.origin = self._origin
             self._timings.append(timing)
-            await relay(upstream, downstream, timing, TRIO_CLOCK)
+            await shaped_link(upstream, downstream, timing)
 
         return handle
 
@@ -109,3 +111,36 @@ class VirtualShaper(Shaper):
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()  # the relays end at once: nothing of theirs waits on the box
         await stack.aclose()  # not in a shield: a cancel scope opened here would sit inside the nursery's own
+
+
+async def shaped_link(upstream: MemoryStream, downstream: MemoryStream, timing: LinkTiming) -> None:
+    """Deliver what the sender puts into `upstream` to `downstream`, each piece at its LinkTiming deadline (the
+    arrival is the moment it was put); the sender's close reaches the receiver after its last piece, and the
+    receiver's close breaks the sender's next put. Closes both at the end."""
+    queue: collections.deque[tuple[float, bytes] | None] = collections.deque()
+    lot = trio.lowlevel.ParkingLot()
+
+    def sink(data: bytes) -> None:
+        if not data:
+            queue.append(None)
+        now = trio.current_time()
+        for offset in range(0, len(data), RELAY_CHUNK):
+            piece = data[offset:offset + RELAY_CHUNK]
+            queue.append((timing.deadline(now, len(piece)), piece))
+        lot.unpark_all()
+
+    upstream.incoming.divert(sink)
+    try:
+        while True:
+            while not queue:
+                await lot.park()
+            item = queue.popleft()
+            if item is None:
+                return
+            await trio.sleep_until(item[0])
+            downstream.outgoing.put(item[1])
+    except trio.BrokenResourceError:
+        return
+    finally:
+        await trio.aclose_forcefully(upstream)
+        await trio.aclose_forcefully(downstream)

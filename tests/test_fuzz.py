@@ -437,10 +437,22 @@ def what_the_agent_sees(data: bytes) -> str:
     return f"whole {head.kind.name} frame" + (", then more" if len(data) > wire.HEADER.size + head.body_len else "")
 
 
+def framed(kind: wire.Kind, tensor: np.ndarray | None, **fields) -> wire.Frame:
+    """A frame of `kind`; a BATCH frame with a row per row of its tensor (streams 0.., at `pos`), or, where the tensor
+    is not [B, 1, C], a HIDDEN frame instead (a BATCH frame of another shape does not encode)."""
+    if kind != wire.Kind.BATCH:
+        return wire.Frame(kind, tensor=tensor, **fields)
+    if tensor is None or tensor.ndim != 3 or tensor.shape[1] != 1 or tensor.shape[0] < 1:
+        return wire.Frame(wire.Kind.HIDDEN, tensor=tensor, **fields)
+    rows = wire.batch_rows(range(tensor.shape[0]), [fields.get("lap", 0)] * tensor.shape[0],
+                           [fields.get("pos", 0) % (1 << 32)] * tensor.shape[0])
+    return wire.Frame(kind, tensor=tensor, rows=rows, **fields)
+
+
 def valid_frames():
-    tensors = st.sampled_from([None, (1, 1, 128), (1, 3, 128), (2,), (4, 4)])
-    return st.builds(lambda kind, shape, n: wire.encode(wire.Frame(
-        kind, lap=7, tensor=None if shape is None else np.ones(shape, np.float32),
+    tensors = st.sampled_from([None, (1, 1, 128), (1, 3, 128), (2,), (4, 4), (3, 1, 128)])
+    return st.builds(lambda kind, shape, n: wire.encode(framed(
+        kind, None if shape is None else np.ones(shape, np.float32), lap=7,
         stamps=tuple(wire.Stamp(i, 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(n)))),
         st.sampled_from(list(wire.Kind)), tensors, st.integers(0, 3))
 
@@ -468,8 +480,8 @@ def stage_frames(draw) -> bytes:
         n = math.prod(shape)
         values = draw(st.lists(st.integers(-2, 9), min_size=n, max_size=n)) if n <= 16 else [1] * n
         tensor = np.array(values, dtype).reshape(shape)
-    return wire.encode(wire.Frame(kind, stream=draw(st.one_of(st.integers(0, 2), u(32))), lap=draw(u(64)),
-                                  pos=draw(st.one_of(st.integers(0, 9), u(32))), tensor=tensor))
+    return wire.encode(framed(kind, tensor, stream=draw(st.one_of(st.integers(0, 2), u(32))), lap=draw(u(64)),
+                              pos=draw(st.one_of(st.integers(0, 9), u(32)))))
 
 
 bad_frames = st.one_of(
@@ -515,6 +527,12 @@ DOES_NOT_FIT = {  # well-formed frames a middle stage with nothing cached cannot
                                       "256 slots"),
     "a stream id past the limit": (wire.Frame(wire.Kind.HIDDEN, stream=1 << 20,
                                               tensor=np.ones((1, 1, N_EMBD), np.float32)), "stream 1048576"),
+    "a batch past its cache": (framed(wire.Kind.BATCH, np.ones((2, 1, N_EMBD), np.float32), pos=3),
+                               "at position 3 does not fit stage 1"),
+    "a batch naming a stream twice": (wire.Frame(wire.Kind.BATCH, tensor=np.ones((2, 1, N_EMBD), np.float32),
+                                                 rows=wire.batch_rows([1, 1], [0, 1], [0, 0])), "each once"),
+    "a batch wider than the model": (framed(wire.Kind.BATCH, np.ones((2, 1, N_EMBD + 1), np.float32)),
+                                     "float32 batches, not (2, 1, 129)"),
     "a token back to a middle stage": (wire.Frame(wire.Kind.TOKEN, tensor=np.ones(1, np.int32)), "TOKEN frame"),
     "an all-reduce message": (wire.Frame(wire.Kind.REDUCE, tensor=np.ones(4, np.float32)), "REDUCE frame"),
     "a tree plan in floats": (wire.Frame(wire.Kind.TREE, tensor=np.ones(3, np.float32)), "tree plan is int32"),

@@ -116,8 +116,8 @@ def test_a_mode_s_part_of_the_run_log_is_one_line_in_LAP_PARTS(monkeypatch):
         def __init__(self, scenario, lap_buckets, compute_buckets) -> None:
             self.decode_tokens = 0
 
-        def add(self, record: LapRecord, compute: list[float], decode: bool) -> None:
-            self.decode_tokens += record.tokens if decode else 0
+        def add(self, records: list[LapRecord], compute: list[float], decode: bool) -> None:
+            self.decode_tokens += sum(record.tokens for record in records) if decode else 0
 
         @staticmethod
         def metrics(logs, current):
@@ -215,3 +215,24 @@ def test_the_quantile_sketch_reads_within_its_relative_accuracy():
         assert got == pytest.approx(float(np.percentile(values, q)), rel=SKETCH_RELATIVE_ACCURACY,
                                     abs=SKETCH_RESOLUTION)
     assert QuantileSketch().percentiles([50]) == [None]
+
+
+@pytest.mark.parametrize("window", [LAPS * 4, 8])
+def test_the_laps_of_one_batch_frame_count_as_each_lap_alone(window):
+    """RunLog.add_laps (a BATCH frame's streams, sharing their stamps) gives the summary and the aggregates that adding
+    each lap alone gives, from the window's laps and from the running totals alike."""
+    apart, together = (RunLog(fake_scenario("plain"), window_laps=window) for _ in range(2))
+    for i in range(LAPS):
+        first = fake_lap(4 * i, i * 0.1, spec=False)
+        batch = [dataclasses.replace(first, lap=4 * i + s, stream=s) for s in range(4)]
+        for lap in batch:
+            apart.add_lap(dataclasses.replace(lap, stamps=tuple(dataclasses.replace(st) for st in lap.stamps)))
+        together.add_laps(batch)
+    a, b = summarize(apart).to_dict(), summarize(together).to_dict()
+    a.pop("history"), b.pop("history")
+    assert a == b
+    assert together.lap_count == 4 * LAPS and together.decode_tokens == apart.decode_tokens
+    assert [h.latency.count for h in together.hops] == [h.latency.count for h in apart.hops]
+    assert [s.compute.counts for s in together.stages] == [s.compute.counts for s in apart.stages]
+    # the frame crossed each hop once a lap, not once a stream
+    assert [h.bytes_total for h in together.hops] == [h.bytes_total // 4 for h in apart.hops]

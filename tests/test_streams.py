@@ -151,6 +151,35 @@ def test_continuous_batching_moves_the_streams_as_one_convoy(stream_runs):
     assert st.aggregate_tok_s == pytest.approx(4 / lap_s, rel=2 * tolerance)
 
 
+def test_the_convoy_crosses_every_hop_as_one_batch_frame(stream_runs):
+    """Each hop carries one BATCH frame a lap under continuous batching: its header, the stamps so far, a row a stream
+    and the four hidden states (not four frames); without batching a frame a stream."""
+    summary, n_embd = stream_runs[4, "continuous"], load_model("target").config.n_embd
+    batch = 4 * wire.ROW.itemsize + 4 * n_embd * 4
+    assert [hop.bytes_per_lap for hop in summary.per_hop] == [wire.HEADER.size + (i + 1) * wire.STAMP.size + batch
+                                                           for i in range(3)]
+    alone = stream_runs[2, "none"]
+    assert [hop.bytes_per_lap for hop in alone.per_hop] == [wire.HEADER.size + (i + 1) * wire.STAMP.size + n_embd * 4
+                                                         for i in range(3)]
+
+
+def test_a_stage_batches_frames_and_batch_frames_of_other_streams():
+    from agents.batching import batches, rows_of
+
+    def one(stream):
+        return wire.Frame(wire.Kind.HIDDEN, stream=stream, pos=3, tensor=np.full((1, 1, 4), stream, np.float32)), 0.0
+
+    def many(*streams):
+        rows = wire.batch_rows(streams, [0] * len(streams), [5] * len(streams))
+        tensor = np.array(streams, np.float32)[:, None, None].repeat(4, 2)
+        return wire.Frame(wire.Kind.BATCH, tensor=tensor, rows=rows), 0.0
+
+    groups = batches([many(0, 1), one(2), many(3), many(1, 4), one(5)])
+    assert [len(g) for g in groups] == [3, 2]  # stream 1 again: a new batch
+    x, positions, streams = rows_of(groups[0])
+    assert streams == [0, 1, 2, 3] and positions == [5, 5, 3, 5] and x[:, 0, 0].tolist() == [0, 1, 2, 3]
+
+
 def test_every_stream_decodes_what_the_model_alone_decodes(stream_runs):
     for key in ((8, "none"), (4, "continuous")):
         st = stream_runs[key].streams

@@ -128,3 +128,31 @@ def test_schedules_and_rates_follow_the_relays_model_exactly():
     for hop, link in zip(s.per_hop, sc.ring):
         assert hop.measured_ms_p50 == pytest.approx(link.delay_ms + hop.bytes_per_lap * 8 / 10e6 * 1e3, rel=EXACT)
     assert s.measured_tok_s == pytest.approx(s.predicted_tok_s, rel=EXACT)
+
+
+def test_an_in_memory_connection_delivers_in_order_and_says_when_either_end_closed():
+    from testbed.core.transport import memory_connection
+
+    async def main() -> None:
+        a, b = memory_connection()
+        await a.send_all(b"one ")
+        await a.send_all(memoryview(b"two"))
+        assert await b.receive_some(5) == b"one t" and await b.receive_some() == b"wo"
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def read() -> None:
+                got.append(await b.receive_some())
+
+            nursery.start_soon(read)
+            await trio.sleep(1)
+            await a.aclose()  # the writer's close: what was sent, then the end
+        assert got == [b""]
+        c, d = memory_connection()
+        await d.aclose()  # the reader's close: the writer's next send fails
+        with pytest.raises(trio.BrokenResourceError):
+            await c.send_all(b"x")
+        with pytest.raises(trio.ClosedResourceError):
+            await d.receive_some()
+
+    virtual_time.run_sync(main)

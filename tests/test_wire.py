@@ -153,3 +153,37 @@ async def test_reader_rejects_garbage_and_midframe_close():
         await send.aclose()
         with pytest.raises(LinkBroken, match="mid-frame"):
             await FrameReader(receive).read()
+
+
+@pytest.mark.parametrize("codec", ["f32", "f16", "int8-block"])
+def test_a_batch_travels_as_one_frame_with_its_rows(codec):
+    """A continuous batch's BATCH frame: [B, 1, C] and a row (stream, lap, position) per row, as its stamps say."""
+    from testbed.core.decode import WireConfig
+
+    config = WireConfig(codec=codec, block=8)
+    x = np.arange(3 * 16, dtype=np.float32).reshape(3, 1, 16) / 7
+    rows = wire.batch_rows([5, 0, 9], [70, 71, 1 << 40], [12, 30, 3])
+    frame = wire.Frame(wire.Kind.BATCH, tensor=x, rows=rows, stamps=(wire.Stamp(0, 1.0, 1.0, 1.0, 1.0, 1.0),))
+    data = wire.encode(frame, config)
+    back = wire.decode(data, config)
+    assert back.rows.tolist() == [(5, 12, 70), (0, 30, 71), (9, 3, 1 << 40)]
+    np.testing.assert_allclose(back.tensor, x, atol=0.05 if codec == "int8-block" else 2e-3)
+    assert len(data) == wire.HEADER.size + wire.STAMP.size + wire.payload_bytes(x, config, wire.Kind.BATCH)
+    assert wire.payload_bytes(x, config, wire.Kind.BATCH) == (wire.payload_bytes(x, config, wire.Kind.HIDDEN)
+                                                              + 3 * wire.ROW.itemsize)
+
+
+def test_a_batch_frame_s_rows_are_checked():
+    x = np.zeros((2, 1, 4), np.float32)
+    with pytest.raises(WireError, match="needs its rows"):
+        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x))
+    with pytest.raises(WireError, match="needs 2 rows"):
+        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1], [1], [1])))
+    with pytest.raises(WireError, match="is \\[B <= 1024, 1, C\\]"):
+        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=np.zeros((1, 2, 4), np.float32), rows=wire.batch_rows([1], [1], [1])))
+    with pytest.raises(WireError, match="HIDDEN frame carries no rows"):
+        wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1])))
+    wire.decode(wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1]))))
+    short = wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x))  # ... one without its row table does not
+    with pytest.raises(WireError, match="does not match shape"):
+        wire.decode(short[:5] + bytes([wire.Kind.BATCH]) + short[6:])

@@ -9,8 +9,10 @@ embeds it and sends it on. Two scheduling policies (decode.batching), at the ent
   tokens per second (physics.streams_rates).
 - ``continuous``: a stage runs every one-token frame queued when it turns to its inbox as one batched
   forward pass, then sends them on as one burst. The entry waits for every stream's first token, so the
-  decode starts as one convoy of M frames, which stays together: each lap costs every stage its batched
-  cost compute_ms + per_token_ms (M - 1).
+  decode starts as one convoy of M streams, which stays together: each lap costs every stage its batched
+  cost compute_ms + per_token_ms (M - 1). The convoy travels as one BATCH frame (agents.wire: [M, 1, C] and
+  a row per stream), so a hop costs a frame, not M; its M laps share the frame's stamps and are reported
+  together (RingClient.report_laps).
 
 A lap of stream s runs from the entry step that sent its frame to the entry step that takes the frame up
 again, so consecutive laps of a stream tile its time: its rate is 1 / mean lap. The lap's token is sampled
@@ -45,6 +47,9 @@ class Stream:
     ids: list[int] = field(default_factory=list)
 
 
+Arrival = tuple[Stream, wire.Frame, float]  # a stream whose frame came back: the frame and when it arrived
+
+
 class StreamsMode:
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
         self.config = config
@@ -65,18 +70,21 @@ class StreamsMode:
     # --- one entry step: heads of the frames that came back, fronts of the next tokens ---------------
 
     @torch.inference_mode()
-    def heads(self, items: list[tuple[wire.Frame, float]]) -> list[torch.Tensor]:
-        """Last-position logits of every returned frame, in one batched pass."""
-        last = torch.from_numpy(np.concatenate([frame.tensor[:, -1:, :] for frame, _ in items]))  # [b, 1, C]
-        return list(self.stage.model.head(last)[:, 0, :])  # b x [V]
+    def heads(self, arrivals: list[Arrival]) -> list[torch.Tensor]:
+        """Last-position logits of every returned stream, in one batched pass."""
+        last = np.concatenate([frame.tensor[:, -1, :] for frame, _ in unique_frames(arrivals)])  # [b, C]
+        return list(self.stage.model.head(torch.from_numpy(last)[:, None, :])[:, 0, :])  # b x [V]
 
     async def front(self, streams: list[Stream], prefill: bool, step_start: float) -> None:
-        """Run the entry's layers on each stream's next block, pad the step, send the frames on."""
+        """Run the entry's layers on each stream's next block, pad the step, send the frames on: under continuous
+        batching the decode's next tokens as one BATCH frame (the convoy, one frame on every hop)."""
         clock, ring = self.ring.clock, self.ring
         blocks = [(s.sequence, 0) if prefill else ([s.sequence[-1]], len(s.sequence) - 1) for s in streams]
-        if len(streams) > 1 and not prefill:
-            hiddens = self.stage.embed_and_run_batch([ids[0] for ids, _ in blocks], [pos for _, pos in blocks],
-                                                     [s.index for s in streams])
+        batched = len(streams) > 1 and not prefill
+        if batched:
+            hidden = self.stage.embed_and_run_batch([ids[0] for ids, _ in blocks], [pos for _, pos in blocks],
+                                                    [s.index for s in streams])  # [B, 1, C]
+            hiddens = [hidden[i:i + 1] for i in range(len(streams))] if not self.continuous else []
         else:
             hiddens = [self.stage.embed_and_run(ids, pos, s.index) for (ids, pos), s in zip(blocks, streams)]
         real_end = clock.now()
@@ -84,31 +92,33 @@ class StreamsMode:
         cost = ring.cost_s(n_tok, len(streams), sum(pos for _, pos in blocks) / len(blocks))  # each reads its KV
         await clock.sleep_until(step_start + max(cost, ring.dilation * (real_end - step_start)))
         end = clock.now()
-        frames = []
-        for stream, (ids, pos), hidden in zip(streams, blocks, hiddens):
+        for stream, (ids, pos) in zip(streams, blocks):
             stream.lap, self.lap_no = self.lap_no, self.lap_no + 1
             stream.kind, stream.n_tok, stream.start = ("prefill" if prefill else "decode"), len(ids), step_start
+        if batched and self.continuous:
+            rows = wire.batch_rows([s.index for s in streams], [s.lap for s in streams], [pos for _, pos in blocks])
+            frame = wire.Frame(wire.Kind.BATCH, tensor=hidden, rows=rows)
+            await ring.send(ring.stamped(frame, step_start, step_start, real_end, end, hidden, len(streams)))
+            return
+        for stream, (ids, pos), hidden in zip(streams, blocks, hiddens):
             frame = wire.Frame(wire.Kind.HIDDEN, stream=stream.index, lap=stream.lap, pos=pos, tensor=hidden)
-            frames.append(ring.stamped(frame, step_start, step_start, real_end, end, hidden, len(streams)))
-        if len(frames) > 1 and self.continuous:
-            await ring.send_burst(frames)
-        else:
-            for frame in frames:
-                await ring.send(frame)
+            await ring.send(ring.stamped(frame, step_start, step_start, real_end, end, hidden, len(streams)))
 
-    async def step(self, items: list[tuple[wire.Frame, float]]) -> None:
-        """Take up returned frames: sample each stream's token, send the next token on, report the laps (after
-        the sends: a batch of M records is not the entry's compute, and the convoy need not wait for it)."""
+    async def step(self, arrivals: list[Arrival]) -> None:
+        """Take up returned frames: sample each stream's token, send the next tokens on, report the laps (after
+        the sends: a batch of M records is not the entry's compute, and the convoy need not wait for it). The
+        streams of one BATCH frame share its stamps: they are reported as one batch of laps."""
         step_start = self.ring.clock.now()
-        going, restarting, records = [], [], []
-        for (frame, recv), logits in zip(items, self.heads(items)):
-            stream = self.streams[frame.stream]
+        going, restarting, reports = [], [], {}
+        stamps = {id(frame): tuple(frame.stamps) for frame, _ in unique_frames(arrivals)}  # unpacked once a frame
+        for (stream, frame, recv), logits in zip(arrivals, self.heads(arrivals)):
             token = self.sample(stream, logits)
             stream.sequence.append(token)
             stream.ids.append(token)
             stream.generated += 1
-            records.append(LapRecord(frame.lap, stream.kind, self.ring.mode, stream.n_tok, 1, stream.start,
-                                     step_start, frame.stamps, recv, None, (token,), stream=stream.index))
+            reports.setdefault(id(frame), []).append(
+                LapRecord(stream.lap, stream.kind, self.ring.mode, stream.n_tok, 1, stream.start, step_start,
+                          stamps[id(frame)], recv, None, (token,), stream=stream.index))
             if stream.generated >= self.config.tokens:
                 continue
             if len(stream.sequence) >= self.block_size:
@@ -121,17 +131,30 @@ class StreamsMode:
             await self.front(going, prefill=False, step_start=step_start)
         for stream in restarting:
             await self.front([stream], prefill=True, step_start=self.ring.clock.now())
-        for record in records:
-            self.ring.report(record)
+        for records in reports.values():
+            self.ring.report_laps(records)
 
-    async def receive(self) -> list[tuple[wire.Frame, float]]:
+    async def receive(self) -> list[Arrival]:
+        """The streams whose frames came back (a BATCH frame's rows each), each checked to be a lap in flight."""
         items = await self.ring.receive_burst() if self.continuous else [await self.ring.receive()]
-        for frame, _ in items:
-            if (frame.kind != wire.Kind.HIDDEN or not 0 <= frame.stream < len(self.streams)
-                    or frame.lap != self.streams[frame.stream].lap):
-                raise WireError(f"expected a lap of a stream in flight back, got {frame.kind.name} stream "
-                                f"{frame.stream} lap {frame.lap}")
-        return items
+        arrivals = []
+        for frame, recv in items:
+            if frame.kind == wire.Kind.BATCH:
+                rows = zip(frame.rows["stream"].tolist(), frame.rows["lap"].tolist())
+            elif frame.kind == wire.Kind.HIDDEN:
+                rows = ((frame.stream, frame.lap),)
+            else:
+                raise WireError(f"expected a lap of a stream in flight back, got a {frame.kind.name} frame")
+            for index, lap in rows:
+                if not 0 <= index < len(self.streams) or lap != self.streams[index].lap:
+                    raise WireError(f"expected a lap of a stream in flight back, got {frame.kind.name} stream "
+                                    f"{index} lap {lap}")
+                arrivals.append((self.streams[index], frame, recv))
+        return arrivals
+
+    def finishing(self, arrivals: list[Arrival]) -> int:
+        """Streams whose last token these arrivals bring."""
+        return sum(1 for stream, _, _ in arrivals if stream.generated + 1 >= self.config.tokens)
 
     async def run(self) -> int:
         """Decode config.tokens tokens on each of config.streams streams; returns how many were generated."""
@@ -142,13 +165,21 @@ class StreamsMode:
         in_flight = len(self.streams)
         if self.continuous:
             # Every stream's first token before the decode starts: the streams leave the entry as one convoy.
-            returned: list[tuple[wire.Frame, float]] = []
+            returned: list[Arrival] = []
             while len(returned) < in_flight:
                 returned.extend(await self.receive())
-            in_flight -= sum(1 for frame, _ in returned if self.streams[frame.stream].generated + 1 >= self.config.tokens)
+            in_flight -= self.finishing(returned)
             await self.step(returned)
         while in_flight:
-            items = await self.receive()
-            in_flight -= sum(1 for frame, _ in items if self.streams[frame.stream].generated + 1 >= self.config.tokens)
-            await self.step(items)
+            arrivals = await self.receive()
+            in_flight -= self.finishing(arrivals)
+            await self.step(arrivals)
         return sum(stream.generated for stream in self.streams)
+
+
+def unique_frames(arrivals: list[Arrival]) -> list[tuple[wire.Frame, float]]:
+    """The frames the arrivals came in, each once, in order (a BATCH frame brings several streams)."""
+    frames: dict[int, tuple[wire.Frame, float]] = {}
+    for _, frame, recv in arrivals:
+        frames.setdefault(id(frame), (frame, recv))
+    return list(frames.values())

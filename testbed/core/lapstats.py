@@ -38,9 +38,10 @@ class QuantileSketch:
         self.buckets: collections.Counter[int] = collections.Counter()
         self.count = 0
 
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.buckets[round(math.copysign(math.log1p(abs(value) / self._x0), value) / self._step)] += 1
+    def add(self, value: float, n: int = 1) -> None:
+        """`value`, n times."""
+        self.count += n
+        self.buckets[round(math.copysign(math.log1p(abs(value) / self._x0), value) / self._step)] += n
 
     def _value(self, key: int) -> float:
         return math.copysign(self._x0 * math.expm1(abs(key) * self._step), key)
@@ -72,9 +73,10 @@ class MeanTotal:
     total: float = 0.0
     count: int = 0
 
-    def add(self, value: float) -> None:
-        self.total += value
-        self.count += 1
+    def add(self, value: float, n: int = 1) -> None:
+        """`value`, n times."""
+        self.total += value * n
+        self.count += n
 
     @property
     def mean(self) -> float | None:
@@ -147,33 +149,35 @@ class LapTotals:
         self.spec = SpecTotals()
 
     def add(self, lap: LapRecord, hops_s: list[float], hop_bytes: list[int], compute: list[float],
-            real: list[float]) -> None:
-        """One lap, with the per-stage and per-hop figures the run log has already taken from it."""
-        self.kinds[lap.kind] += 1
+            real: list[float], n: int = 1) -> None:
+        """One lap (n alike: one BATCH frame's streams), with the per-stage and per-hop figures the run log has already
+        taken from it."""
+        self.kinds[lap.kind] += n
         if not self.decode_ring_laps:  # (after the first such lap, these are never read: they stop growing)
             for sketch, latency in zip(self.hop_any, hops_s):
-                sketch.add(latency)
+                sketch.add(latency, n)
         if lap.kind not in DECODE_KINDS:
             return
         if len(lap.stamps) > 1:
-            self.decode_ring_laps += 1
+            self.decode_ring_laps += n
             for sketch, latency in zip(self.hop_decode, hops_s):
-                sketch.add(latency)
+                sketch.add(latency, n)
         for i, size in enumerate(hop_bytes[:self.n_hops]):
-            self.hop_bytes_decode[i].add(size)
+            self.hop_bytes_decode[i].add(size, n)
             if lap.kind == "decode":
-                self.hop_bytes_plain[i].add(size)
+                self.hop_bytes_plain[i].add(size, n)
         while len(self.stage_compute) < len(compute):
             self.stage_compute.append(MeanTotal())
             self.stage_real.append(MeanTotal())
         self.stage_row_lengths.add(len(compute))
         for i, (c, r) in enumerate(zip(compute, real)):
-            self.stage_compute[i].add(c)
-            self.stage_real[i].add(r)
+            self.stage_compute[i].add(c, n)
+            self.stage_real[i].add(r, n)
         compute_s = sum(compute)
-        self.residual.add(lap.duration_s - compute_s - sum(hops_s) - lap.draft_s)
+        self.residual.add(lap.duration_s - compute_s - sum(hops_s) - lap.draft_s, n)
         if lap.kind == "spec":
-            self.spec.add(lap, compute_s)
+            for _ in range(n):
+                self.spec.add(lap, compute_s)
 
     def hop_percentiles_ms(self, hop: int, qs: list[float]) -> list[float | None]:
         """A hop's latency percentiles in ms over the decode laps that crossed the ring (else over every lap)."""

@@ -183,3 +183,13 @@ class LapRecord(JsonRecord):
         return dataclasses.replace(self, start=self.start * factor, end=self.end * factor,
                                    stamps=tuple(stamp(s) for s in self.stamps), return_recv=self.return_recv * factor,
                                    head=head, facts=facts)
+
+
+def expand_laps(first: LapRecord, laps: Any, streams: Any, ids: Any) -> list[LapRecord]:
+    """The laps of one BATCH frame's streams (agents.ring.RingClient.report_laps): `first`, and each lap's lap, stream
+    and ids; they share first's stamps (one tuple, not one per stream)."""
+    if not (isinstance(laps, list) and isinstance(streams, list) and isinstance(ids, list)
+            and len(laps) == len(streams) == len(ids) > 0 and all(isinstance(row, list) for row in ids)):
+        raise ValueError(f"the laps of a batch need lists laps, streams and ids of one length, got {str(laps)[:40]}")
+    return [dataclasses.replace(first, lap=int(lap), stream=int(stream), ids=tuple(map(int, row)))
+            for lap, stream, row in zip(laps, streams, ids)]

@@ -2,7 +2,7 @@
 
 An agent never knows how it is shaped; it only listens, dials the addresses the shaper handed it, and reads
 frames. Every backend but one gives it `TCP`; the virtual backend (netem.virtual) gives every agent of a run one
-`MemoryNetwork`, where an address is ("virtual", port) and a connection is a `trio.testing.memory_stream_pair`.
+`MemoryNetwork`, where an address is ("virtual", port) and a connection a pair of `MemoryStream`s.
 
     transport = MemoryNetwork()
     listener, port = await transport.listen("virtual")    # a trio.abc.Listener: trio.serve_listeners serves it
@@ -20,7 +20,6 @@ import socket
 from typing import Awaitable, Callable
 
 import trio
-import trio.testing
 
 from testbed.core import clock as clock_module
 from testbed.core.records import Address
@@ -88,6 +87,94 @@ class TcpTransport(Transport):
 TCP = TcpTransport()
 
 
+class Pipe:
+    """One direction of an in-memory connection: bytes put in without waiting, taken out by one reader. A `sink`
+    (a shaper's link: netem.virtual) takes the bytes as they are put instead, b"" at the end."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.ended = False  # the writer closed: the reader gets what is left, then b""
+        self.broken = False  # the reader closed: the writer's next put fails
+        self.sink: Callable[[bytes], None] | None = None
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def put(self, data: bytes | bytearray | memoryview) -> None:
+        if self.broken:
+            raise trio.BrokenResourceError("the peer closed the connection")
+        if self.sink is not None:
+            self.sink(bytes(data))
+        else:
+            self.buffer += data
+            self._lot.unpark_all()
+
+    def end(self) -> None:
+        self.ended = True
+        if self.sink is not None:
+            self.sink(b"")
+        self._lot.unpark_all()
+
+    def divert(self, sink: Callable[[bytes], None]) -> None:
+        """Send what was put so far, and everything put from now on, to `sink`."""
+        self.sink = sink
+        if self.buffer:
+            sink(bytes(self.buffer))
+            self.buffer.clear()
+        if self.ended:
+            sink(b"")
+
+    def close_reader(self) -> None:
+        self.broken = True
+        self._lot.unpark_all()
+
+    async def get(self, max_bytes: int | None) -> bytes:
+        if not self.buffer and not self.ended and not self.broken:
+            await self._lot.park()
+        else:
+            await trio.lowlevel.checkpoint()
+        if self.broken:
+            raise trio.ClosedResourceError("this end of the connection is closed")
+        n = max_bytes or len(self.buffer)
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+
+class MemoryStream(trio.abc.Stream):
+    """One end of an in-memory connection (MemoryNetwork.connect): a send is a put and one checkpoint, a receive
+    one wake-up (trio.testing's memory streams take several scheduling rounds for each)."""
+
+    def __init__(self, incoming: Pipe, outgoing: Pipe) -> None:
+        self.incoming, self.outgoing = incoming, outgoing
+        self._closed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this end of the connection is closed")
+        self.outgoing.put(data)
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._closed:
+            raise trio.ClosedResourceError("this end of the connection is closed")
+        return await self.incoming.get(max_bytes)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.outgoing.end()
+            self.incoming.close_reader()
+        await trio.lowlevel.checkpoint()
+
+
+def memory_connection() -> tuple[MemoryStream, MemoryStream]:
+    """The two ends of a new in-memory connection."""
+    there, back = Pipe(), Pipe()
+    return MemoryStream(back, there), MemoryStream(there, back)
+
+
 class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
     """One listening port of a MemoryNetwork: connections wait in a channel until accepted (a fake of a real
     Listener, passed to trio.serve_listeners as is)."""
@@ -132,6 +219,6 @@ class MemoryNetwork(Transport):
         await trio.lowlevel.checkpoint()
         if host != VIRTUAL_HOST or (listener := self.ports.get(int(port))) is None:
             raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens at {host}:{port} on the virtual network")
-        ours, theirs = trio.testing.memory_stream_pair()
+        ours, theirs = memory_connection()
         listener.offer(theirs)
         return ours

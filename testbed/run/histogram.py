@@ -15,10 +15,11 @@ class RunningHistogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
+    def observe(self, value: float, n: int = 1) -> None:
+        """`value`, n times."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
 
     def buckets(self) -> list[tuple[str, int]]:
         """[(upper bound, cumulative count)], ending with +Inf, as prometheus_client's HistogramMetricFamily wants."""

@@ -21,7 +21,7 @@ from testbed.scenario.config import Scenario
 from testbed.core.channel import encode_line, read_lines
 from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, expand_laps
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
 from testbed.run.budget import run_budget
 from testbed.run.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
@@ -228,10 +228,11 @@ class Launcher:
         """Apply a run-time event; True when the run is complete."""
         self._seen_s = self.clock.now()
         kind = event["event"]
-        if kind == "lap":
+        if kind in ("lap", "laps"):  # laps: one BATCH frame's streams (RingClient.report_laps)
             if not self.runlog.laps:
                 self._warn_off_links()
-            self.runlog.add_lap(self._record(event))
+            self.runlog.add_laps(expand_laps(self._record(event), *(event.get(k) for k in ("laps", "streams", "ids")))
+                                 if kind == "laps" else [self._record(event)])
         elif kind == "probe":
             self.runlog.add_probe(self._record(event))
         elif kind == "done":

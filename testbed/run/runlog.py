@@ -137,48 +137,62 @@ class RunLog:
 
     def add_lap(self, record: LapRecord) -> None:
         """Append one lap and update every running aggregate: O(1) in the number of laps so far."""
-        self.laps.append(record)
-        self.lap_count += 1
+        self.add_laps([record])
+
+    def add_laps(self, records: list[LapRecord]) -> None:
+        """Append laps alike but for their lap, stream, ids and tokens (one lap, or one BATCH frame's streams:
+        testbed.core.records.expand_laps): what the stamps say is taken from the first once and counted for each, so
+        a batch of M laps costs O(M + stages), not O(M x stages)."""
+        first, n = records[0], len(records)
+        self.laps.extend(records)
+        self.lap_count += n
+        for record in records:
+            if self._lap_file is not None:
+                self._lap_file.write(record.to_json() + "\n")
+            if self.trace is not None:
+                self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
+            if record.kind == "prefill" and not self._first_prompt_done():
+                self.first_prompt.append(record)
+            if per_stream(record.mode):
+                self.stream_ids.setdefault(record.stream, []).extend(record.ids)
+            if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
+                self.token_ids.extend(record.ids)
         if self._lap_file is not None:
-            self._lap_file.write(record.to_json() + "\n")
             self._lap_file.flush()
-        if self.trace is not None:
-            self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
-        if record.kind == "prefill" and not self._first_prompt_done():
-            self.first_prompt.append(record)
-        if per_stream(record.mode):
-            self.stream_ids.setdefault(record.stream, []).extend(record.ids)
-        if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
-            self.token_ids.extend(record.ids)
-        compute, real = record.stage_compute_s(), record.stage_real_s()
-        hops_s, hop_bytes = record.hop_latencies_s(), record.hop_bytes()
-        self.totals.add(record, hops_s, hop_bytes, compute, real)
-        decode = record.kind in DECODE_KINDS
+        compute, real = first.stage_compute_s(), first.stage_real_s()
+        hops_s, hop_bytes = first.hop_latencies_s(), first.hop_bytes()
+        self.totals.add(first, hops_s, hop_bytes, compute, real, n)
+        decode = first.kind in DECODE_KINDS
         for part in self.parts.values():
-            part.add(record, compute, decode)
+            part.add(records, compute, decode)
         for aggregate, c, r in zip(self.stages, compute, real):
-            aggregate.compute.observe(c)
-            aggregate.real.observe(r)
+            aggregate.compute.observe(c, n)
+            aggregate.real.observe(r, n)
         for aggregate, latency, size in zip(self.hops, hops_s, hop_bytes):
-            aggregate.latency.observe(latency)
-            aggregate.bytes_total += size
+            aggregate.latency.observe(latency, n)
+            aggregate.bytes_total += size  # the laps' one frame crossed the hop once
             if decode:
-                aggregate.window.append(latency)
-        if not decode:
-            return
-        mode = self.modes[MODES[record.mode].metric_kind]
-        mode.laps += 1
-        mode.tokens += record.tokens
-        mode.lap_seconds.observe(record.duration_s)
-        self.decode_laps += 1
-        self.decode_tokens += record.tokens
-        self.decode_wall_s += record.duration_s
-        self.decode_compute_s += sum(compute)
-        self.decode_real_s += sum(real)
-        self.decode_ring_s += sum(hops_s)
+                aggregate.window.extend([latency] * n)
+        if decode:
+            self._add_decode(records, compute, real, hops_s, hop_bytes)
+
+    def _add_decode(self, records: list[LapRecord], compute: list[float], real: list[float], hops_s: list[float],
+                    hop_bytes: list[int]) -> None:
+        first, n = records[0], len(records)
+        tokens = sum(record.tokens for record in records)
+        mode = self.modes[MODES[first.mode].metric_kind]
+        mode.laps += n
+        mode.tokens += tokens
+        mode.lap_seconds.observe(first.duration_s, n)
+        self.decode_laps += n
+        self.decode_tokens += tokens
+        self.decode_wall_s += first.duration_s * n
+        self.decode_compute_s += sum(compute) * n
+        self.decode_real_s += sum(real) * n
+        self.decode_ring_s += sum(hops_s) * n
         for i, size in enumerate(hop_bytes[:len(self.decode_hop_bytes)]):
-            self.decode_hop_bytes[i] += size
-        self._recent.append(record)
+            self.decode_hop_bytes[i] += size * n
+        self._recent.extend(records)
         recent_s = sum(lap.duration_s for lap in self._recent)
         if recent_s > 0:  # laps of zero length (compute_ms = 0 on zero-delay links, simulated) have no rate
             self.history.append((time.monotonic() - self.started_at, sum(lap.tokens for lap in self._recent) / recent_s))

@@ -59,29 +59,43 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
                        chunks=len(chunks))
 
 
+def _lap_figures(laps: list[LapRecord]) -> dict[int, tuple[list[float], list[int], list[float], list[float]]]:
+    """id(lap) -> its hop latencies, hop bytes, stage compute and stage real time: taken once for the laps of one
+    BATCH frame's streams, which share their stamps, return and head (testbed.core.records.expand_laps)."""
+    figures, shared = {}, {}
+    for lap in laps:
+        key = (id(lap.stamps), lap.return_recv, lap.head)
+        if key not in shared:
+            shared[key] = (lap.hop_latencies_s(), lap.hop_bytes(), lap.stage_compute_s(), lap.stage_real_s())
+        figures[id(lap)] = shared[key]
+    return figures
+
+
 def from_laps(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...], float | None]:
     """Per-hop and per-stage figures and the lap residual from the laps themselves (the window holds them all)."""
     sc = log.scenario
     laps = list(log.laps)
     decode = [lap for lap in laps if lap.kind in DECODE_KINDS]
+    figures = _lap_figures(laps)
     # (an edge client's rounds carry no stamps: the entry's verify laps have the hops)
-    hop_samples = [lap.hop_latencies_s() for lap in ([lap for lap in decode if len(lap.stamps) > 1] or laps)]
+    hop_samples = [figures[id(lap)][0] for lap in ([lap for lap in decode if len(lap.stamps) > 1] or laps)]
+    plain_sizes = [figures[id(lap)][1] for lap in decode if lap.kind == "decode"]
+    any_sizes = [figures[id(lap)][1] for lap in decode]
     per_hop = []
     for i, link in enumerate(sc.ring):  # (a tensor-parallel lap has no hops: its stamp is rank 0's alone)
         samples = [hops[i] * 1e3 for hops in hop_samples if len(hops) > i]
-        sizes = ([lap.hop_bytes()[i] for lap in decode if lap.kind == "decode" and len(lap.hop_bytes()) > i]
-                 or [lap.hop_bytes()[i] for lap in decode if len(lap.hop_bytes()) > i])
+        sizes = [b[i] for b in plain_sizes if len(b) > i] or [b[i] for b in any_sizes if len(b) > i]
         per_hop.append(HopSummary(link.name, link.delay_ms, _percentile(samples, 50), _percentile(samples, 99),
                                   int(np.mean(sizes)) if sizes else None))
-    stage_compute = np.array([lap.stage_compute_s() for lap in decode]) if decode else None  # [laps, stages]
-    stage_real = np.array([lap.stage_real_s() for lap in decode]) if decode else None
+    stage_compute = np.array([figures[id(lap)][2] for lap in decode]) if decode else None  # [laps, stages]
+    stage_real = np.array([figures[id(lap)][3] for lap in decode]) if decode else None
     measured_stage = decode and stage_compute.ndim == 2
     per_stage = tuple(StageSummary(i, st.name, st.cost_ms(),
                                    float(stage_compute[:, i].mean()) * 1e3 if measured_stage and i < stage_compute.shape[1] else None,
                                    float(stage_real[:, i].mean()) * 1e3 if measured_stage and i < stage_real.shape[1] else None)
                       for i, st in enumerate(sc.stages))
     # what a lap costs beyond compute, hops and drafting: the entry node's own framing and bookkeeping
-    residual = (float(np.mean([lap.duration_s - lap.compute_s - lap.ring_s - lap.draft_s
+    residual = (float(np.mean([lap.duration_s - sum(figures[id(lap)][2]) - sum(figures[id(lap)][0]) - lap.draft_s
                                for lap in decode])) * 1e3 if decode else None)
     return per_hop, per_stage, residual
 

@@ -2,7 +2,8 @@
 
 LAP_PARTS: a mode's running aggregate of the laps it cares about, O(1) a lap, with the Prometheus families it
 exports. Each is a class with a `name` (its key in RunLog.parts), `__init__(scenario, lap_buckets,
-compute_buckets)`, `add(record, compute, decode)` (every lap of the run; it keeps those it wants) and
+compute_buckets)`, `add(records, compute, decode)` (every lap of the run, a batch of alike laps at a time:
+RunLog.add_laps; it keeps those it wants) and
 `metrics(logs, current)` (its families over every phase's run log). The run log and the collector loop over
 them and name no mode.
 """

@@ -34,8 +34,12 @@ class SpecRounds:
         self.compute_s_sum = 0.0
         self.k_counts: collections.Counter[int] = collections.Counter()  # rounds at each K
 
-    def add(self, record: LapRecord, compute: list[float], decode: bool) -> None:
-        """One lap of the run (a round when its kind is "spec")."""
+    def add(self, records: list[LapRecord], compute: list[float], decode: bool) -> None:
+        """Laps of the run (RunLog.add_laps; rounds when their kind is "spec": one at a time, never batched)."""
+        for record in records:
+            self._add(record, compute)
+
+    def _add(self, record: LapRecord, compute: list[float]) -> None:
         if record.kind != "spec":
             return
         facts = record.facts

@@ -38,6 +38,27 @@ def predicted_rates(scenario: Scenario, stage_pass_s: list[float]) -> tuple[floa
     return per, aggregate, busy, 1.0 / max(stage_pass_s)
 
 
+def _stage_passes(decode: list[LapRecord], n: int) -> tuple[list[set[tuple[float, float]]], list[list[int]], np.ndarray]:
+    """Each stage's forward passes (compute intervals: the frames of a batch share one) and the batch of each, and
+    every lap's queueing at each stage in ms [laps, stages]. The laps of one BATCH frame share their stamps: each
+    such set is read once."""
+    passes: list[set[tuple[float, float]]] = [set() for _ in range(n)]
+    batches: list[list[int]] = [[] for _ in range(n)]
+    queue_of: dict[tuple[int, float, float], list[float]] = {}
+    for lap in decode:
+        key = (id(lap.stamps), lap.end, lap.return_recv)
+        if key in queue_of:
+            continue
+        queue_of[key] = lap.stage_queue_s()
+        for i, stamp in enumerate(lap.stamps[:n]):
+            interval = (stamp.compute_start, stamp.compute_end)
+            if interval not in passes[i]:
+                passes[i].add(interval)
+                batches[i].append(stamp.batch)
+    queues = np.array([queue_of[(id(lap.stamps), lap.end, lap.return_recv)] for lap in decode]) * 1e3
+    return passes, batches, queues
+
+
 def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsSummary | None:
     decode = [lap for lap in laps if lap.kind == "decode"]
     if not decode:
@@ -68,22 +89,15 @@ def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsS
                         for lap in decode if lap.duration_s > 0) / (t1 - t0)
     per_stream = tuple(sum(lap.tokens for lap in s) / sum(lap.duration_s for lap in s)
                        for _, s in sorted(by_stream.items()))
-    n = scenario.n_stages
-    # one forward pass per (stage, compute interval): frames of a batch share it
-    passes: list[set[tuple[float, float]]] = [set() for _ in range(n)]
-    batches: list[list[int]] = [[] for _ in range(n)]
-    for lap in decode:
-        for i, stamp in enumerate(lap.stamps[:n]):
-            key = (stamp.compute_start, stamp.compute_end)
-            if key not in passes[i]:
-                passes[i].add(key)
-                batches[i].append(stamp.batch)
+    passes, batches, queues = _stage_passes(decode, scenario.n_stages)
     stage_s = [float(np.mean([end - start for start, end in p])) for p in passes]
-    queues = np.array([lap.stage_queue_s() for lap in decode]) * 1e3  # [laps, stages]
     predicted_per, predicted_agg, busy_predicted, ceiling = predicted_rates(scenario, stage_s)
     durations = [lap.duration_s * 1e3 for lap in decode]
-    texts = tuple(vocabulary(scenario.model).decode([t for lap in sorted([lap for lap in laps if lap.stream == s], key=lambda r: r.lap)
-                                for t in lap.ids]) for s in sorted(by_stream))
+    every: dict[int, list[LapRecord]] = defaultdict(list)  # each stream's laps, its prefills too
+    for lap in laps:
+        every[lap.stream].append(lap)
+    texts = tuple(vocabulary(scenario.model).decode([t for lap in sorted(every[s], key=lambda r: r.lap) for t in lap.ids])
+                  for s in sorted(by_stream))
     return StreamsSummary(
         streams=config.streams, batching=config.batching, window_s=t1 - t0,
         aggregate_tok_s=aggregate, aggregate_predicted_tok_s=predicted_agg,

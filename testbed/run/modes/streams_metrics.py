@@ -56,16 +56,22 @@ class StreamsWindow:
             return None
         span_s = newest - oldest
         passes, pass_s, busy_s = [0.0] * n_stages, [0.0] * n_stages, [0.0] * n_stages
+        alike: collections.Counter = collections.Counter()  # the laps of one BATCH frame share their stamps
+        first: dict[tuple, LapRecord] = {}
         for lap in laps:
+            key = (id(lap.stamps), lap.head, lap.end > oldest)
+            alike[key] += 1
+            first.setdefault(key, lap)
+        for key, count in alike.items():
+            lap = first[key]
             for i, (stamp, compute_s) in enumerate(zip(lap.stamps[:n_stages], lap.stage_compute_s())):
-                passes[i] += 1.0 / stamp.batch
-                pass_s[i] += compute_s / stamp.batch
+                passes[i] += count / stamp.batch
+                pass_s[i] += count * compute_s / stamp.batch
                 if lap.end > oldest:
-                    busy_s[i] += compute_s / stamp.batch
+                    busy_s[i] += count * compute_s / stamp.batch
         return cls(span_s, sum(lap.tokens for lap in laps if lap.end > oldest) / span_s,
                    tuple(s / n for s, n in zip(pass_s, passes)), tuple(len(laps) / n for n in passes),
                    tuple(s / span_s for s in busy_s))
-
 
 
 class StreamsRecent:
@@ -84,22 +90,25 @@ class StreamsRecent:
         self.stream_rate = RunningHistogram(rate_buckets([1.0 / lone_lap_s] if lone_lap_s > 0 else []))
         self.stage_queue = [RunningHistogram(compute_buckets) for _ in scenario.stages]
 
-    def add(self, record: LapRecord, compute: list[float], decode: bool) -> None:
-        """One lap of the run: a per-stream mode's counts toward its stream's tokens, and a decode lap feeds the
-        window and the histograms."""
-        if not per_stream(record.mode):
+    def add(self, records: list[LapRecord], compute: list[float], decode: bool) -> None:
+        """Laps of the run, alike but for their stream (RunLog.add_laps): a per-stream mode's count toward each
+        stream's tokens, and decode laps feed the window and the histograms."""
+        first = records[0]
+        if not per_stream(first.mode):
             return
-        before = self.tokens[record.stream]
-        self.tokens[record.stream] += record.tokens
-        if before < self.scenario.decode.tokens <= before + record.tokens:
-            self.finished += 1
+        for record in records:
+            before = self.tokens[record.stream]
+            self.tokens[record.stream] += record.tokens
+            if before < self.scenario.decode.tokens <= before + record.tokens:
+                self.finished += 1
         if not decode:
             return
-        self.recent.append(record)
-        if record.duration_s > 0:
-            self.stream_rate.observe(record.tokens / record.duration_s)
-        for histogram, wait_s in zip(self.stage_queue, record.stage_queue_s()):
-            histogram.observe(wait_s)
+        self.recent.extend(records)
+        if first.duration_s > 0:
+            for record in records:
+                self.stream_rate.observe(record.tokens / first.duration_s)
+        for histogram, wait_s in zip(self.stage_queue, first.stage_queue_s()):
+            histogram.observe(wait_s, len(records))
 
     @property
     def in_flight(self) -> int:

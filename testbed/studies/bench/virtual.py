@@ -35,11 +35,10 @@ def against_virtual_table(console: Console, by_shaper: dict, variants_by_shaper:
 
 
 # Section 6: rings the real backends cannot hold, on simulated time (netem.virtual): (stages, streams, tokens).
-# On this box: 128 x 256 x 8 in 34 s; 1000 x 1 x 32 in 21 s (x 8 in 12 s; 27 s before an agent in one process with
-# the others stopped reading its private memory, a walk of every mapping of that process, twice per agent). The
-# issue's 128 x 1,024 x 32 line is ~4.2 M frame-hops at ~130 us each: every frame of a batch still crosses each hop
-# as its own frame, and reaching it needs a batch to travel as one.
-VIRTUAL_SCALE = ((128, 256, 8), (1000, 1, 32))
+# On this box: 128 x 1,024 x 32 in 76-78 s (was ~280 s: a continuous batch now crosses each hop as one BATCH frame,
+# and a virtual link hands its bytes on in one task; ~48 s of it is the 130,048 prefill frame-hops, one prompt a
+# forward pass); 1000 x 1 x 32 in 21 s.
+VIRTUAL_SCALE = ((128, 1024, 32), (1000, 1, 32))
 VIRTUAL_SCALE_QUICK = ((32, 64, 8), (200, 1, 4))
 VIRTUAL_HOP_MS = 280.0  # T_ring of every virtual scale ring, split evenly over its hops
 
