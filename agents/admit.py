@@ -13,7 +13,7 @@ class Admission:
     """A serving stage's view of the frames queued for it: each stream's cache length once they are computed.
 
     `admit(frame)` raises WireError (the connection closes) for a well-formed frame PipelineStage would fail on: a kind
-    it does not take, a block not [1, T, n_embd] float32 (a BATCH frame: [B, 1, n_embd], one row per stream) or past
+    it does not take, a block not [1, T, n_embd] float32 (a BATCH frame: [B, T, n_embd], one row per stream) or past
     the KV cache the frames queued before leave it."""
 
     def __init__(self, stage: PipelineStage, index: int) -> None:
@@ -50,20 +50,21 @@ class Admission:
         self.tree_nodes.pop(stream, None)
 
     def admit_rows(self, frame: wire.Frame) -> None:
-        """A BATCH frame: one new token of each of its rows' streams, each stream once, each within its cache."""
+        """A BATCH frame: T new positions of each of its rows' streams, each stream once, each within its cache."""
         x, rows, config = frame.tensor, frame.rows, self.stage.model.config
         if x is None or x.dtype != np.float32 or x.shape[2] != config.n_embd:
-            raise WireError(f"stage {self.index} takes [B, 1, {config.n_embd}] float32 batches, not "
+            raise WireError(f"stage {self.index} takes [B, T, {config.n_embd}] float32 batches, not "
                             f"{getattr(x, 'shape', x)}")
+        n_tok = x.shape[1]
         streams, positions = rows["stream"].astype(np.int64), rows["pos"].astype(np.int64)
         if streams.max() >= PipelineStage.MAX_STREAMS or np.bincount(streams).max() > 1:
             raise WireError(f"a batch's rows name streams {streams[:8].tolist()}...: each once, below "
                             f"{PipelineStage.MAX_STREAMS}")
         frontier, slots = self.frontier, config.block_size + self.stage.tree_slots
-        fits = (positions <= frontier[streams]) & (positions < slots)
+        fits = (positions <= frontier[streams]) & (positions + n_tok <= slots)
         if not fits.all() or (self.tree_nodes and not self.tree_nodes.keys().isdisjoint(streams.tolist())):
             row = int(np.flatnonzero(~fits)[0]) if not fits.all() else 0
-            raise WireError(f"a batch's token at position {positions[row]} does not fit stage {self.index}: stream "
+            raise WireError(f"a batch's block at position {positions[row]} does not fit stage {self.index}: stream "
                             f"{streams[row]} has {frontier[streams[row]]} cached by then of {slots} slots (or a "
                             f"tree expected)")
-        frontier[streams] = positions + 1
+        frontier[streams] = positions + n_tok

@@ -27,17 +27,17 @@ def batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame
 
 
 def row_streams(frame: wire.Frame) -> list[int]:
-    """The streams of a frame a batch can take ([] for one it cannot): a BATCH frame's rows', a one-token HIDDEN
-    frame's own."""
+    """The streams of a frame a batch can take ([] for one it cannot): a one-token BATCH frame's rows', a one-token
+    HIDDEN frame's own. (A BATCH frame of prompts is a batch of its own.)"""
     if frame.kind == wire.Kind.BATCH:
-        return frame.rows["stream"].tolist()
+        return frame.rows["stream"].tolist() if frame.tensor.shape[1] == 1 else []
     if frame.kind == wire.Kind.HIDDEN and frame.tensor is not None and frame.tensor.shape[:2] == (1, 1):
         return [frame.stream]
     return []
 
 
 def rows_of(group: list[tuple[wire.Frame, float]]) -> tuple[np.ndarray, list[int], list[int]]:
-    """A batch's hidden states [B, 1, C], positions and streams, row by row over its frames."""
+    """A batch's hidden states [B, T, C], first positions and streams, row by row over its frames."""
     tensors, positions, streams = [], [], []
     for frame, _ in group:
         tensors.append(frame.tensor)

@@ -111,6 +111,7 @@ class RingClient:
                 # the rest of a burst that arrived in the same read goes in before anyone looks at the inbox
                 while (more := reader.read_buffered()) is not None:
                     await self.enqueue(more)
+                item = more = None  # not kept while the next one comes (a batch of prompts is MBs)
         except WireError as exc:
             self.log(f"closing connection: malformed frame: {exc}")
         except LinkBroken as exc:
@@ -183,10 +184,8 @@ class RingClient:
         return len(data) + pad
 
     async def receive(self) -> tuple[wire.Frame, float]:
-        try:  # one already queued needs no timeout (a cancel scope a frame: a train of frames queues at a stage)
-            return self.inbox.receive_nowait()
-        except trio.WouldBlock:
-            pass
+        if (item := self.receive_now()) is not None:  # one already queued needs no timeout (a cancel scope a frame)
+            return item
         try:
             with trio.fail_after(self.lap_timeout_s):
                 return await self.inbox.receive()
@@ -259,6 +258,7 @@ class RingClient:
                     await self.serve_one(frame, recv)
                     continue
                 await self.serve_batch(group)
+            items = group = frame = None  # nothing of them kept while the stage waits (a batch of prompts is MBs)
 
     async def serve_one(self, frame: wire.Frame, recv: float) -> None:
         """One frame's block in a forward pass of its own, then on (with KV or a tree plan ahead of it)."""
@@ -276,14 +276,15 @@ class RingClient:
                                      extra_bytes=wire.parts_len(kv)), kv=kv)
 
     async def serve_batch(self, group: list[tuple[wire.Frame, float]]) -> None:
-        """Continuous batching: one new token of every stream of the group's frames (one-token HIDDEN frames and
-        BATCH frames) in one forward pass, then each frame on with its rows, as one burst."""
+        """Continuous batching: the new positions of every stream of the group's frames (one-token HIDDEN frames and
+        BATCH frames, or one BATCH frame of prompts) in one forward pass, then each frame on with its rows, as one
+        burst."""
         start = self.clock.now()
         x, positions, streams = rows_of(group)
         hidden = self.stage.run_batch(x, positions, streams)
         real_end = self.clock.now()
         b = len(positions)
-        cost = self.cost_s(1, b, sum(positions) / b)  # each stream reads its KV: b x the mean
+        cost = self.cost_s(x.shape[1], b, sum(positions) / b)  # each stream reads its KV: b x the mean
         await self.clock.sleep_until(start + max(cost, self.dilation * (real_end - start)))
         end, frames, row = self.clock.now(), [], 0
         for frame, recv in group:

@@ -122,16 +122,21 @@ class PipelineStage:
         return caches
 
     def run_batch(self, hidden: np.ndarray, positions: list[int], streams: list[int]) -> np.ndarray:
-        """Continuous batching: one new token of each of several streams (hidden [B, 1, C]) in one forward pass."""
+        """Continuous batching: T new positions of each of several streams (hidden [B, T, C]) in one forward pass: one
+        token of each (T = 1) attends as one batch; prompts (T > 1) run one stream at a time, as prompts do."""
+        n_tok = hidden.shape[1]
         if self.plan.last_layer == self.plan.first_layer:  # layers = 0: it only forwards (one tight loop a batch)
             get = self.caches.get
             for pos, stream in zip(positions, streams, strict=True):
                 cache = get(stream) or self.cache_for(stream)
-                if not 0 <= pos <= cache.length or pos >= cache.block_size:
-                    raise ValueError(f"a token at position {pos} does not fit stage {self.plan.stage}: stream {stream} "
+                if not 0 <= pos <= cache.length or pos + n_tok > cache.block_size:
+                    raise ValueError(f"a block at position {pos} does not fit stage {self.plan.stage}: stream {stream} "
                                      f"has {cache.length} cached of {cache.block_size} slots")
-                cache.length = pos + 1
+                cache.length = pos + n_tok
             return hidden
+        if n_tok > 1:
+            return np.concatenate([self.run(hidden[b:b + 1], pos, stream)
+                                   for b, (pos, stream) in enumerate(zip(positions, streams, strict=True))])
         return self._run_batch(hidden, self._rewind_rows(positions, streams))
 
     @torch.inference_mode()

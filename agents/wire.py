@@ -64,8 +64,9 @@ class Kind(enum.IntEnum):
     DRAFT = 8  # edge speculation (agents.modes.dsd), edge -> entry: int32 [last token, drafts...] at pos; stream = client
     PROBS = 9  # ... and float32 [K, V], the draft's distribution at each drafted position (the exact rule needs it)
     VERDICT = 10  # entry -> edge: int32 [accepted, next token]
-    BATCH = 11  # a continuous batch moving on as one frame: float32 [B, 1, C], one new token of each of B streams,
-    #             with `rows` (ROW: each one's stream, lap, position); its stamps are the batch's (agents.batching)
+    BATCH = 11  # a continuous batch moving on as one frame: float32 [B, T, C], T new positions (one token, or a
+    #             prompt) of each of B streams, with `rows` (ROW: each one's stream, lap, first position); its stamps
+    #             are the batch's; `pos` is the rows' first (agents.batching)
 
 
 SIDE_KINDS = (Kind.DRAFT, Kind.PROBS)  # frames from edge clients: the entry takes them from a side inbox
@@ -113,12 +114,14 @@ def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, cod
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
     the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions); a
     REDUCE message (a tensor-parallel partial sum, agents.tp, a share of a hidden state) the same share of the
-    geometry's; a BATCH frame [B, 1, C] the geometry's bytes of its B positions (never a prompt's); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
+    geometry's; a BATCH frame [B, T, C] the geometry's bytes of its B x T positions (and B prompts' extra positions
+    when it starts at 0); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
     holds (at most a stage's share); every other frame none. Never negative: a frame is at least its own."""
     if codec is None or not codec.width or not shape or kind not in (Kind.HIDDEN, Kind.REDUCE, Kind.KV, Kind.BATCH):
         return 0
-    if kind == Kind.BATCH:
-        return max(0, emulated_payload_bytes(math.prod(shape[:-1]), codec) - payload_len)
+    if kind == Kind.BATCH:  # each row's positions, and an emulated prompt's extra ones where the rows start at 0
+        positions = math.prod(shape[:-1]) + (shape[0] * codec.extra_positions if pos == 0 else 0)
+        return max(0, emulated_payload_bytes(positions, codec) - payload_len)
     if kind == Kind.KV:
         if len(shape) != 4 or not codec.kv_layer_bytes or not 0 < flags <= max(codec.stage_layers, default=0):
             return 0  # not a geometry's KV frame (its own only): the decoder refuses any padding on it
@@ -179,13 +182,13 @@ def batch_rows(streams: Sequence[int], laps: Sequence[int], positions: Sequence[
 
 
 def _check_batch(kind: "Kind", rows: np.ndarray | None, shape: tuple[int, ...]) -> int:
-    """Bytes of a frame's row table: a BATCH frame's [B, 1, C] needs B rows (1..MAX_ROWS), no other frame has any."""
+    """Bytes of a frame's row table: a BATCH frame's [B, T, C] needs B rows (1..MAX_ROWS), no other frame has any."""
     if kind != Kind.BATCH:
         if rows is not None:
             raise WireError(f"a {kind.name} frame carries no rows")
         return 0
-    if len(shape) != 3 or shape[1] != 1 or not 1 <= shape[0] <= MAX_ROWS:
-        raise WireError(f"a BATCH frame is [B <= {MAX_ROWS}, 1, C], not {shape}")
+    if len(shape) != 3 or shape[1] < 1 or not 1 <= shape[0] <= MAX_ROWS:
+        raise WireError(f"a BATCH frame is [B <= {MAX_ROWS}, T >= 1, C], not {shape}")
     if rows is not None and (rows.dtype != ROW or rows.shape != (shape[0],)):
         raise WireError(f"a BATCH frame of {shape[0]} rows needs {shape[0]} rows of {ROW}, got {rows.shape}")
     return shape[0] * ROW.itemsize

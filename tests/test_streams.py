@@ -163,6 +163,17 @@ def test_the_convoy_crosses_every_hop_as_one_batch_frame(stream_runs):
                                                          for i in range(3)]
 
 
+def test_under_continuous_batching_the_prompts_go_as_one_batch(stream_runs):
+    """The M prompts (one length) leave the entry as one BATCH frame, one forward pass a stage: the first token comes
+    one lap of that batch after the start, as its closed form says; without batching a frame a prompt."""
+    n_embd = load_model("target").config.n_embd
+    batched, alone = stream_runs[4, "continuous"].ttft, stream_runs[2, "none"].ttft
+    prompts = 4 * wire.ROW.itemsize + 4 * PROMPT_TOKENS * n_embd * 4
+    assert batched.bytes_per_hop == wire.HEADER.size + 2 * wire.STAMP.size + prompts  # stamps: 1, 2, 3 over the hops
+    assert alone.bytes_per_hop == wire.HEADER.size + 2 * wire.STAMP.size + PROMPT_TOKENS * n_embd * 4
+    assert batched.measured_s == pytest.approx(batched.predicted_s, rel=1e-9)
+
+
 def test_a_stage_batches_frames_and_batch_frames_of_other_streams():
     from agents.batching import batches, rows_of
 

@@ -179,8 +179,8 @@ def test_a_batch_frame_s_rows_are_checked():
         wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x))
     with pytest.raises(WireError, match="needs 2 rows"):
         wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1], [1], [1])))
-    with pytest.raises(WireError, match="is \\[B <= 1024, 1, C\\]"):
-        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=np.zeros((1, 2, 4), np.float32), rows=wire.batch_rows([1], [1], [1])))
+    with pytest.raises(WireError, match="is \\[B <= 1024, T >= 1, C\\]"):
+        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=np.zeros((1, 0, 4), np.float32), rows=wire.batch_rows([1], [1], [1])))
     with pytest.raises(WireError, match="HIDDEN frame carries no rows"):
         wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1])))
     wire.decode(wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1]))))

@@ -1,7 +1,7 @@
 """Many streams in flight: M independent sequences share the ring, each stage keeping one KV cache per stream.
 
-Every frame carries its stream id. The entry node prefills every stream (one forward pass per prompt), then
-works through the frames coming back: for each, the head samples the stream's next token and the front
+Every frame carries its stream id. The entry node prefills every stream (one forward pass per prompt; under continuous batching the
+prompts of one length as one batched pass), then works through the frames coming back: for each, the head samples the stream's next token and the front
 embeds it and sends it on. Two scheduling policies (decode.batching), at the entry and at every stage:
 
 - ``none``: one frame per forward pass, in arrival order. A stage busy with one stream delays the next:
@@ -77,16 +77,17 @@ class StreamsMode:
 
     async def front(self, streams: list[Stream], prefill: bool, step_start: float) -> None:
         """Run the entry's layers on each stream's next block, pad the step, send the frames on: under continuous
-        batching the decode's next tokens as one BATCH frame (the convoy, one frame on every hop)."""
+        batching as one BATCH frame (the convoy's next tokens, or prompts of one length: one frame on every hop)."""
         clock, ring = self.ring.clock, self.ring
         blocks = [(s.sequence, 0) if prefill else ([s.sequence[-1]], len(s.sequence) - 1) for s in streams]
-        batched = len(streams) > 1 and not prefill
-        if batched:
+        one_frame = len(streams) > 1 and self.continuous
+        if len(streams) > 1 and not prefill:
             hidden = self.stage.embed_and_run_batch([ids[0] for ids, _ in blocks], [pos for _, pos in blocks],
                                                     [s.index for s in streams])  # [B, 1, C]
-            hiddens = [hidden[i:i + 1] for i in range(len(streams))] if not self.continuous else []
+            hiddens = [hidden[i:i + 1] for i in range(len(streams))]
         else:
             hiddens = [self.stage.embed_and_run(ids, pos, s.index) for (ids, pos), s in zip(blocks, streams)]
+            hidden = np.concatenate(hiddens) if one_frame else hiddens[0]  # prompts of one length: [B, T, C]
         real_end = clock.now()
         n_tok = max(len(ids) for ids, _ in blocks)
         cost = ring.cost_s(n_tok, len(streams), sum(pos for _, pos in blocks) / len(blocks))  # each reads its KV
@@ -95,14 +96,29 @@ class StreamsMode:
         for stream, (ids, pos) in zip(streams, blocks):
             stream.lap, self.lap_no = self.lap_no, self.lap_no + 1
             stream.kind, stream.n_tok, stream.start = ("prefill" if prefill else "decode"), len(ids), step_start
-        if batched and self.continuous:
-            rows = wire.batch_rows([s.index for s in streams], [s.lap for s in streams], [pos for _, pos in blocks])
-            frame = wire.Frame(wire.Kind.BATCH, tensor=hidden, rows=rows)
+        if one_frame:
+            positions = [pos for _, pos in blocks]
+            rows = wire.batch_rows([s.index for s in streams], [s.lap for s in streams], positions)
+            frame = wire.Frame(wire.Kind.BATCH, pos=min(positions), tensor=hidden, rows=rows)
             await ring.send(ring.stamped(frame, step_start, step_start, real_end, end, hidden, len(streams)))
             return
         for stream, (ids, pos), hidden in zip(streams, blocks, hiddens):
             frame = wire.Frame(wire.Kind.HIDDEN, stream=stream.index, lap=stream.lap, pos=pos, tensor=hidden)
             await ring.send(ring.stamped(frame, step_start, step_start, real_end, end, hidden, len(streams)))
+
+    async def prefill_all(self) -> None:
+        """Every stream's prompt. Under continuous batching the prompts of one length go as one batched pass (as a
+        continuous-batching server takes the prompts waiting for it), the lengths one after another; else (and
+        where KV is shipped: a batch ships none) one pass a prompt."""
+        if not self.continuous or self.ring.kv_ship:
+            for stream in self.streams:
+                await self.front([stream], prefill=True, step_start=self.ring.clock.now())
+            return
+        by_length: dict[int, list[Stream]] = {}
+        for stream in self.streams:
+            by_length.setdefault(len(stream.sequence), []).append(stream)
+        for group in by_length.values():
+            await self.front(group, prefill=True, step_start=self.ring.clock.now())
 
     async def step(self, arrivals: list[Arrival]) -> None:
         """Take up returned frames: sample each stream's token, send the next tokens on, report the laps (after
@@ -160,8 +176,7 @@ class StreamsMode:
         """Decode config.tokens tokens on each of config.streams streams; returns how many were generated."""
         if self.ring.n_stages == 1:
             raise WireError("the streams mode needs a ring of at least two stages")
-        for stream in self.streams:
-            await self.front([stream], prefill=True, step_start=self.ring.clock.now())
+        await self.prefill_all()
         in_flight = len(self.streams)
         if self.continuous:
             # Every stream's first token before the decode starts: the streams leave the entry as one convoy.

@@ -134,6 +134,9 @@ class Pipe:
         if self.broken:
             raise trio.ClosedResourceError("this end of the connection is closed")
         n = max_bytes or len(self.buffer)
+        if n >= len(self.buffer):  # all of it: a new buffer (a bytearray keeps the size it grew to)
+            data, self.buffer = bytes(self.buffer), bytearray()
+            return data
         data = bytes(self.buffer[:n])
         del self.buffer[:n]
         return data
