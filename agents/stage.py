@@ -160,7 +160,7 @@ class PipelineStage:
 
     @torch.inference_mode()
     def embed_and_run_batch(self, ids: list[int], positions: list[int], streams: list[int]) -> np.ndarray:
-        """Entry stage, continuous batching: the next token of each of several streams in one forward pass -> [B, 1, C]."""
+        """Entry stage, continuous batching: the next token of each of several streams in one pass -> [B, 1, C]."""
         caches = self._rewind_rows(positions, streams)
         x = self.model.embed_at(ids, positions)  # [B, 1, C]
         return self.model.run_layers_batched(x, self.plan.first_layer, self.plan.last_layer, caches).numpy()

@@ -114,9 +114,10 @@ def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, cod
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
     the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions); a
     REDUCE message (a tensor-parallel partial sum, agents.tp, a share of a hidden state) the same share of the
-    geometry's; a BATCH frame [B, T, C] the geometry's bytes of its B x T positions (and B prompts' extra positions
-    when it starts at 0); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry layers its sender
-    holds (at most a stage's share); every other frame none. Never negative: a frame is at least its own."""
+    geometry's; a BATCH frame [B, T, C] the geometry's bytes of its B x T positions (and B prompts' extra
+    positions when it starts at 0); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry
+    layers its sender holds (at most a stage's share); every other frame none. Never negative: a frame is at least
+    its own."""
     if codec is None or not codec.width or not shape or kind not in (Kind.HIDDEN, Kind.REDUCE, Kind.KV, Kind.BATCH):
         return 0
     if kind == Kind.BATCH:  # each row's positions, and an emulated prompt's extra ones where the rows start at 0

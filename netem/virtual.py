@@ -5,8 +5,8 @@ collector as the other backends; only the seam differs (testbed.core.transport):
 `MemoryNetwork`, and each directed link src -> dst takes the bytes its sender puts in (in pieces of the relay's
 RELAY_CHUNK), gives each piece the userspace relay's `LinkTiming` deadline (delay, seeded jitter, loss with the RTO,
 rate as a next-free clock, the schedule) on Trio's clock, and hands it to the receiver at that deadline: one task a
-link, no relay task reading a stream in between. The launcher runs the whole run under `trio.testing.MockClock(autojump_threshold=0)`
-(testbed.core.virtual_time), so:
+link, no relay task reading a stream in between. The launcher runs the whole run under
+`trio.testing.MockClock(autojump_threshold=0)` (testbed.core.virtual_time), so:
 
 - the forward passes are real (the tokens are the model's) but take no simulated time: a stage's compute is its
   emulated cost, and a stage with `compute_ms = 0` computes in zero time;

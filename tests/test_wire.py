@@ -180,10 +180,31 @@ def test_a_batch_frame_s_rows_are_checked():
     with pytest.raises(WireError, match="needs 2 rows"):
         wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1], [1], [1])))
     with pytest.raises(WireError, match="is \\[B <= 1024, T >= 1, C\\]"):
-        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=np.zeros((1, 0, 4), np.float32), rows=wire.batch_rows([1], [1], [1])))
+        wire.encode(wire.Frame(wire.Kind.BATCH, tensor=np.zeros((1, 0, 4), np.float32),
+                               rows=wire.batch_rows([1], [1], [1])))
     with pytest.raises(WireError, match="HIDDEN frame carries no rows"):
         wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1])))
     wire.decode(wire.encode(wire.Frame(wire.Kind.BATCH, tensor=x, rows=wire.batch_rows([1, 2], [1, 1], [1, 1]))))
     short = wire.encode(wire.Frame(wire.Kind.HIDDEN, tensor=x))  # ... one without its row table does not
     with pytest.raises(WireError, match="does not match shape"):
         wire.decode(short[:5] + bytes([wire.Kind.BATCH]) + short[6:])
+
+
+def test_a_batch_frame_carries_an_emulated_geometry_s_bytes_for_each_row():
+    """Under a [geometry] a BATCH frame of B rows of T positions carries the geometry's B x T positions (and, for
+    prompts at position 0, B times an emulated prompt's extra positions), its rows on top; the receiver checks it."""
+    from agents.codec import emulated_payload_bytes
+    from testbed.core.decode import WireConfig
+
+    geometry = WireConfig(width=4096, value_bytes=2, extra_positions=100)
+    x = np.ones((3, 5, 16), np.float32)
+    rows = wire.batch_rows([0, 1, 2], [0, 0, 0], [0, 0, 0])
+    for pos, extra in ((0, 3 * 100), (9, 0)):
+        frame = wire.Frame(wire.Kind.BATCH, pos=pos, tensor=x, rows=rows if pos == 0 else wire.batch_rows(
+            [0, 1, 2], [0, 0, 0], [9, 9, 9]))
+        data, pad = wire.encode_parts(frame, geometry)
+        assert len(data) + pad == (wire.HEADER.size + 3 * wire.ROW.itemsize
+                                   + emulated_payload_bytes(15 + extra, geometry))
+        assert wire.payload_bytes(x, geometry, wire.Kind.BATCH, pos) == len(data) + pad - wire.HEADER.size
+        back = wire.decode(data + bytes(pad), geometry)
+        assert back.rows.tolist() == frame.rows.tolist()

@@ -1,8 +1,9 @@
 """Many streams in flight: M independent sequences share the ring, each stage keeping one KV cache per stream.
 
-Every frame carries its stream id. The entry node prefills every stream (one forward pass per prompt; under continuous batching the
-prompts of one length as one batched pass), then works through the frames coming back: for each, the head samples the stream's next token and the front
-embeds it and sends it on. Two scheduling policies (decode.batching), at the entry and at every stage:
+Every frame carries its stream id. The entry node prefills every stream (one forward pass per prompt; under
+continuous batching the prompts of one length as one batched pass), then works through the frames coming back: for
+each, the head samples the stream's next token and the front embeds it and sends it on. Two scheduling policies
+(decode.batching), at the entry and at every stage:
 
 - ``none``: one frame per forward pass, in arrival order. A stage busy with one stream delays the next:
   the frames form a train spaced by the slowest stage, and the ring carries min(M / (C + T_ring), 1 / c_max)

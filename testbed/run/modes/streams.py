@@ -38,7 +38,8 @@ def predicted_rates(scenario: Scenario, stage_pass_s: list[float]) -> tuple[floa
     return per, aggregate, busy, 1.0 / max(stage_pass_s)
 
 
-def _stage_passes(decode: list[LapRecord], n: int) -> tuple[list[set[tuple[float, float]]], list[list[int]], np.ndarray]:
+def _stage_passes(decode: list[LapRecord], n: int
+                  ) -> tuple[list[set[tuple[float, float]]], list[list[int]], np.ndarray]:
     """Each stage's forward passes (compute intervals: the frames of a batch share one) and the batch of each, and
     every lap's queueing at each stage in ms [laps, stages]. The laps of one BATCH frame share their stamps: each
     such set is read once."""
@@ -96,8 +97,8 @@ def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsS
     every: dict[int, list[LapRecord]] = defaultdict(list)  # each stream's laps, its prefills too
     for lap in laps:
         every[lap.stream].append(lap)
-    texts = tuple(vocabulary(scenario.model).decode([t for lap in sorted(every[s], key=lambda r: r.lap) for t in lap.ids])
-                  for s in sorted(by_stream))
+    texts = tuple(vocabulary(scenario.model).decode([t for lap in sorted(every[s], key=lambda r: r.lap)
+                                                     for t in lap.ids]) for s in sorted(by_stream))
     return StreamsSummary(
         streams=config.streams, batching=config.batching, window_s=t1 - t0,
         aggregate_tok_s=aggregate, aggregate_predicted_tok_s=predicted_agg,
