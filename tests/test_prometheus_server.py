@@ -39,10 +39,10 @@ TRUE_TOKEN_RATE: Final = 40.0  # tokens/s the feeder produces
 LAP_PERIOD_S: Final = 1.0 / TRUE_TOKEN_RATE
 RATE_WINDOW: Final = "5s"
 FED: list[float] = []  # the feeder's laps, as they went in (Unix time)
-RATE_TOLERANCE: Final = 0.10  # relative; the feeder's own jitter over a 5 s window is well under 1%
 
-pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
-                                reason=f"{PROMETHEUS} not installed (apt-get install prometheus)")
+# real time: a feeder thread at its own pace and a real Prometheus scraping it (the fidelity tier, not the exact one)
+pytestmark = [pytest.mark.fidelity, pytest.mark.skipif(not Path(PROMETHEUS).exists(),
+                                                       reason=f"{PROMETHEUS} not installed (apt-get install prometheus)")]
 
 
 class PrometheusError(RuntimeError):
@@ -189,16 +189,25 @@ def test_scraped_token_rate_matches_the_true_rate(prometheus_over_exporter):
     readings = []
     for _ in range(3):
         at = time.time()
-        result = query(base_url, f"rate({selector}[{RATE_WINDOW}])", at)
-        assert len(result) == 1, result
-        # the truth over the window the scrapes span: the tokens the feeder put in (one fell behind on a loaded box
-        # made fewer, and the rate must say so), not its nominal rate
-        samples = [float(t) for t, _ in query(base_url, f"{selector}[{RATE_WINDOW}]", at)[0]["values"]]
-        fed = sum(1 for t in FED if samples[0] < t <= samples[-1])
-        readings.append((float(result[0]["value"][1]), fed / (samples[-1] - samples[0])))
+        rate = float(query(base_url, f"rate({selector}[{RATE_WINDOW}])", at)[0]["value"][1])
+        samples = [(float(t), float(v)) for t, v in query(base_url, f"{selector}[{RATE_WINDOW}]", at)[0]["values"]]
+        readings.append((rate, samples))
         time.sleep(0.5)
-    for rate, truth in readings:
-        assert rate == pytest.approx(truth, rel=RATE_TOLERANCE), readings
+    window_s = float(RATE_WINDOW.rstrip("s"))
+    for rate, samples in readings:
+        (t0, v0), (t1, v1) = samples[0], samples[-1]
+        # the exporter: the counter Prometheus stored grew by the tokens the feeder put in between those scrapes (to a
+        # token at either end: a scrape reads the counter just after its timestamp), not by the nominal rate (a
+        # feeder that fell behind on a loaded box made fewer)
+        fed = sum(1 for t in FED if t0 < t <= t1)
+        assert abs((v1 - v0) - fed) <= 2, (fed, samples)
+        # rate(): that increase over the window, extrapolated past the first and last sample by at most 1.1 average
+        # scrape intervals each (Prometheus's extrapolatedRate; a late scrape leaves a shorter span, so rate() alone
+        # is not the true rate: measured 34 against 40 tokens/s once on a loaded box)
+        span, gap = t1 - t0, (t1 - t0) / (len(samples) - 1)
+        assert (v1 - v0) / window_s <= rate * (1 + 1e-9), (rate, samples)
+        assert rate <= (v1 - v0) * (span + 2.2 * gap) / span / window_s * (1 + 1e-9), (rate, samples)
+        assert rate == pytest.approx(TRUE_TOKEN_RATE, rel=0.5), readings  # and it is the token rate at all
 
 
 def test_every_grafana_expression_evaluates_to_data(prometheus_over_exporter):
