@@ -102,7 +102,14 @@ tokens = 100000
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        output, _ = proc.communicate(timeout=10)
+        try:
+            output, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # say where it hangs (testbed.__main__: SIGUSR1 dumps every thread)
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            proc.kill()
+            output, _ = proc.communicate()
+            pytest.fail(f"the launcher did not exit within 10 s of Ctrl-C; where it was:\n{output[-6000:]}")
         elapsed = time.monotonic() - sent
     finally:
         proc.kill()
