@@ -91,9 +91,12 @@ hops_ms = [2, 2]
 [decode]
 tokens = 100000
 ''')
+    # Ctrl-C as a terminal delivers it: a suite started in the background of a script (bash ignores SIGINT in its
+    # asynchronous commands: SIG_IGN is inherited, and Python then leaves it ignored) must not make it a no-op
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", str(scenario), "--shaper", "userspace",
                              "--no-dashboard", "--metrics-port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(processes_matching(token)) < 2 and time.monotonic() < deadline:
