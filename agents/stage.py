@@ -94,10 +94,7 @@ class PipelineStage:
     def run(self, hidden: np.ndarray, pos: int, stream: int = 0) -> np.ndarray:
         """Middle/last stage: hidden [B, T, C] float32 at positions pos.. -> hidden [B, T, C]."""
         if self.plan.last_layer == self.plan.first_layer and not self.trees:  # layers = 0: it only forwards
-            cache = self._rewind(pos, stream)
-            if pos + hidden.shape[1] > cache.block_size:
-                raise ValueError(f"{pos} cached + {hidden.shape[1]} new positions exceed {cache.block_size} slots")
-            cache.length = pos + hidden.shape[1]
+            self._rewind_rows([pos], [stream], advance=hidden.shape[1])
             return hidden
         return self._run(hidden, pos, stream)
 
@@ -109,15 +106,16 @@ class PipelineStage:
         x = self.model.run_layers(x, self.plan.first_layer, self.plan.last_layer, cache, mask, positions)
         return x.numpy()
 
-    def _rewind_rows(self, positions: list[int], streams: list[int]) -> list[KVCache]:
-        """_rewind for each row of a batch (a tight loop: a 1,024-stream batch crosses every stage of the ring)."""
+    def _rewind_rows(self, positions: list[int], streams: list[int], advance: int = 0) -> list[KVCache]:
+        """_rewind for each row of a batch (a tight loop: a 1,024-stream batch crosses every stage of the ring); with
+        `advance`, each cache then holds that many positions more (a stage of no layers computes nothing to add)."""
         caches, get = [], self.caches.get
         for pos, stream in zip(positions, streams, strict=True):
             cache = get(stream) or self.cache_for(stream)
-            if not 0 <= pos <= cache.length:
-                raise ValueError(f"block starts at position {pos} but stage {self.plan.stage} has only "
-                                 f"{cache.length} cached for stream {stream}")
-            cache.length = pos  # KVCache.truncate, checked above
+            if not 0 <= pos <= cache.length or pos + advance > cache.block_size:
+                raise ValueError(f"a block of {advance or 'some'} at position {pos} does not fit stage "
+                                 f"{self.plan.stage}: stream {stream} has {cache.length} cached of {cache.block_size}")
+            cache.length = pos + advance  # KVCache.truncate, checked above (and the positions added)
             caches.append(cache)
         return caches
 
@@ -125,14 +123,8 @@ class PipelineStage:
         """Continuous batching: T new positions of each of several streams (hidden [B, T, C]) in one forward pass: one
         token of each (T = 1) attends as one batch; prompts (T > 1) run one stream at a time, as prompts do."""
         n_tok = hidden.shape[1]
-        if self.plan.last_layer == self.plan.first_layer:  # layers = 0: it only forwards (one tight loop a batch)
-            get = self.caches.get
-            for pos, stream in zip(positions, streams, strict=True):
-                cache = get(stream) or self.cache_for(stream)
-                if not 0 <= pos <= cache.length or pos + n_tok > cache.block_size:
-                    raise ValueError(f"a block at position {pos} does not fit stage {self.plan.stage}: stream {stream} "
-                                     f"has {cache.length} cached of {cache.block_size} slots")
-                cache.length = pos + n_tok
+        if self.plan.last_layer == self.plan.first_layer:  # layers = 0: it only forwards
+            self._rewind_rows(positions, streams, advance=n_tok)
             return hidden
         if n_tok > 1:
             return np.concatenate([self.run(hidden[b:b + 1], pos, stream)

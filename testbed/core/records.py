@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from testbed.core.facts import LapFacts
 from testbed.core.jsonrecord import JsonRecord, field_names, record_from_dict, to_plain
@@ -183,6 +183,20 @@ class LapRecord(JsonRecord):
         return dataclasses.replace(self, start=self.start * factor, end=self.end * factor,
                                    stamps=tuple(stamp(s) for s in self.stamps), return_recv=self.return_recv * factor,
                                    head=head, facts=facts)
+
+
+def alike_runs(laps: Iterable[LapRecord]) -> list[list[LapRecord]]:
+    """Consecutive laps with one stamps tuple, start, end, return and head (one BATCH frame's streams: expand_laps)
+    as runs: whatever is figured from those is figured once a run (a run log adds such laps together)."""
+    runs: list[list[LapRecord]] = []
+    for lap in laps:
+        last = runs[-1][0] if runs else None
+        if last is not None and last.stamps is lap.stamps and (last.start, last.end, last.return_recv, last.head) == (
+                lap.start, lap.end, lap.return_recv, lap.head):
+            runs[-1].append(lap)
+        else:
+            runs.append([lap])
+    return runs
 
 
 def expand_laps(first: LapRecord, laps: Any, streams: Any, ids: Any) -> list[LapRecord]:

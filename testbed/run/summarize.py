@@ -13,7 +13,7 @@ from testbed.core.decode import MODES, resolve
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
 from testbed.run import predict
 from testbed.scenario.config import Scenario
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, alike_runs
 from testbed.run.runlog import DECODE_KINDS, RunLog
 
 SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
@@ -61,13 +61,12 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
 
 def _lap_figures(laps: list[LapRecord]) -> dict[int, tuple[list[float], list[int], list[float], list[float]]]:
     """id(lap) -> its hop latencies, hop bytes, stage compute and stage real time: taken once for the laps of one
-    BATCH frame's streams, which share their stamps, return and head (testbed.core.records.expand_laps)."""
-    figures, shared = {}, {}
-    for lap in laps:
-        key = (id(lap.stamps), lap.return_recv, lap.head)
-        if key not in shared:
-            shared[key] = (lap.hop_latencies_s(), lap.hop_bytes(), lap.stage_compute_s(), lap.stage_real_s())
-        figures[id(lap)] = shared[key]
+    BATCH frame's streams (alike_runs)."""
+    figures = {}
+    for run in alike_runs(laps):
+        first = run[0]
+        shared = (first.hop_latencies_s(), first.hop_bytes(), first.stage_compute_s(), first.stage_real_s())
+        figures.update((id(lap), shared) for lap in run)
     return figures
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from agents.configs import vocabulary
 from testbed.scenario.config import Scenario
 from testbed.core import physics
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, alike_runs
 from testbed.core.summary import StreamsSummary
 
 
@@ -41,23 +41,18 @@ def predicted_rates(scenario: Scenario, stage_pass_s: list[float]) -> tuple[floa
 def _stage_passes(decode: list[LapRecord], n: int
                   ) -> tuple[list[set[tuple[float, float]]], list[list[int]], np.ndarray]:
     """Each stage's forward passes (compute intervals: the frames of a batch share one) and the batch of each, and
-    every lap's queueing at each stage in ms [laps, stages]. The laps of one BATCH frame share their stamps: each
-    such set is read once."""
+    every lap's queueing at each stage in ms [laps, stages]; read once for the laps of one BATCH frame (alike_runs)."""
     passes: list[set[tuple[float, float]]] = [set() for _ in range(n)]
     batches: list[list[int]] = [[] for _ in range(n)]
-    queue_of: dict[tuple[int, float, float], list[float]] = {}
-    for lap in decode:
-        key = (id(lap.stamps), lap.end, lap.return_recv)
-        if key in queue_of:
-            continue
-        queue_of[key] = lap.stage_queue_s()
-        for i, stamp in enumerate(lap.stamps[:n]):
+    queues: list[list[float]] = []
+    for run in alike_runs(decode):
+        queues += [run[0].stage_queue_s()] * len(run)
+        for i, stamp in enumerate(run[0].stamps[:n]):
             interval = (stamp.compute_start, stamp.compute_end)
             if interval not in passes[i]:
                 passes[i].add(interval)
                 batches[i].append(stamp.batch)
-    queues = np.array([queue_of[(id(lap.stamps), lap.end, lap.return_recv)] for lap in decode]) * 1e3
-    return passes, batches, queues
+    return passes, batches, np.array(queues) * 1e3
 
 
 def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsSummary | None:

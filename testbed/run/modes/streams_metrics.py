@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from testbed.core.decode import MODES
-from testbed.core.records import LapRecord
+from testbed.core.records import LapRecord, alike_runs
 from testbed.run.histogram import RunningHistogram, merge, rate_buckets
 from testbed.run.modes.streams import predicted_rates
 from testbed.scenario.config import Scenario
@@ -56,14 +56,8 @@ class StreamsWindow:
             return None
         span_s = newest - oldest
         passes, pass_s, busy_s = [0.0] * n_stages, [0.0] * n_stages, [0.0] * n_stages
-        alike: collections.Counter = collections.Counter()  # the laps of one BATCH frame share their stamps
-        first: dict[tuple, LapRecord] = {}
-        for lap in laps:
-            key = (id(lap.stamps), lap.head, lap.end > oldest)
-            alike[key] += 1
-            first.setdefault(key, lap)
-        for key, count in alike.items():
-            lap = first[key]
+        for run in alike_runs(laps):  # the laps of one BATCH frame: their stamps read once
+            lap, count = run[0], len(run)
             for i, (stamp, compute_s) in enumerate(zip(lap.stamps[:n_stages], lap.stage_compute_s())):
                 passes[i] += count / stamp.batch
                 pass_s[i] += count * compute_s / stamp.batch
