@@ -7,18 +7,21 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RESULTS := results
 PYTEST_ARGS ?=
-# the exact tier is simulated time, CPU only: one pytest worker per core (pytest-xdist); the real-time tiers run alone
+# the exact tier is simulated time, CPU only: one pytest worker per core (pytest-xdist); under `make test` it runs at
+# SCHED_IDLE beside the fidelity tier (tests/tiers.py: on the core that tier leaves idle), and the kernel tier alone
 EXACT_ARGS ?= -n auto --maxprocesses 8
 
 .PHONY: all setup system-deps geo-ring test test-exact test-fidelity test-fast test-netem bench sweep report clean-net clean
 
 all: test
 
+# --no-compile: pip would byte-compile every file it installs (~35 s of a fresh install, most of torch and
+# transformers never imported here); Python compiles a module when it is first imported, once.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -36,8 +39,7 @@ geo-ring: $(STAMP)
 # loud skip).
 test: $(STAMP)
 	$(PY) -m agents.train
-	$(PY) -m pytest -m exact $(EXACT_ARGS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m fidelity $(PYTEST_ARGS)
+	$(PY) -m tests.tiers --exact-args="$(EXACT_ARGS)" $(PYTEST_ARGS)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 
 test-exact: $(STAMP)

@@ -19,13 +19,22 @@ TIERS = ("exact", "fidelity", "netem")
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked neither fidelity nor netem is in the exact tier (`-m exact`); none may be in two."""
+    """A test marked neither fidelity nor netem is in the exact tier (`-m exact`); none may be in two; a netem test
+    sits in a file that netem.suite finds (it reads the files for the mark rather than collect the whole suite)."""
+    from netem.suite import netem_test_files
+
+    netem_files = None
     for item in items:
         tiers = [t for t in TIERS if item.get_closest_marker(t)]
         if not tiers:
             item.add_marker(pytest.mark.exact)
         elif len(tiers) > 1:
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(tiers)}: a test is in one tier")
+        elif tiers == ["netem"]:
+            netem_files = netem_test_files(str(item.path.parent)) if netem_files is None else netem_files
+            if f"{item.path.parent}/{item.path.name}" not in netem_files:
+                raise pytest.UsageError(f"{item.nodeid} is a netem test, but its file does not say "
+                                        "`pytest.mark.netem`, which is how `python -m netem.suite` finds it")
 
 
 SYSTEM_DEPS_HINT = "apt-get install"  # every skip for a missing system package names its install command

@@ -1,0 +1,27 @@
+"""`python -m tests.tiers`: the exact tier runs at idle priority beside the fidelity tier, its output after, its status kept."""
+
+import os
+import sys
+
+import pytest
+
+from tests.tiers import run_tiers
+
+pytestmark = pytest.mark.exact
+
+SAYS_POLICY = "import os, sys; print('{name} policy', os.sched_getscheduler(0), flush=True); sys.exit({status})"
+
+
+def tier(name: str, status: int) -> list[str]:
+    return [sys.executable, "-c", SAYS_POLICY.format(name=name, status=status)]
+
+
+@pytest.mark.parametrize(("exact_status", "fidelity_status", "expected"), [(0, 0, 0), (3, 0, 3), (3, 5, 5)])
+def test_the_exact_tier_runs_idle_beside_fidelity_and_the_first_failure_is_the_status(
+        capfd, exact_status, fidelity_status, expected):
+    assert run_tiers(tier("exact", exact_status), tier("fidelity", fidelity_status)) == expected
+    out = capfd.readouterr().out
+    assert f"fidelity policy {os.SCHED_OTHER}" in out
+    assert f"exact policy {os.SCHED_IDLE}" in out
+    assert out.index("fidelity policy") < out.index("---- exact tier") < out.index("exact policy")
+    assert f"(exit {exact_status})" in out
