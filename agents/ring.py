@@ -11,16 +11,16 @@ import trio
 
 from agents import wire
 from agents.admit import Admission
-from agents.reader import FrameReader
 from agents.batching import as_float32, batches, rows_of
+from agents.reader import FrameReader
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
 from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
-from testbed.core.transport import TCP, Transport
 from testbed.core.records import LAP_TIMEOUT_S, Address, HeadTiming, LapRecord, Stamp
 from testbed.core.roofline import Roofline
+from testbed.core.transport import TCP, Transport
 
 CONNECT_TIMEOUT_S = 30.0
 CONNECT_RETRY_S = 0.05
@@ -64,7 +64,7 @@ class RingClient:
         self.batching = batching
         self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
         self.kv_ship = kv_ship
-        self.tp = tp or TPConfig()  # parallel = "tp": the all-reduce agents.tp runs over these links
+        self.tp = tp or TPConfig()  # parallel = "tp": the all-reduce agents.modes.tp runs over these links
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.run.dilation).
         self.dilation = dilation

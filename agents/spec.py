@@ -21,7 +21,7 @@ class AgentSpec(JsonRecord):
     last_layer: int  # exclusive
     compute_ms: float
     decode: DecodeConfig
-    runner: str  # "module:Class" of the decode mode (testbed.core.decode.MODES), run by the entry stage
+    runner: str  # "module:Class" of the decode mode's runner (ModeInfo.runner_path), run by the entry stage
     model: str = "target"
     listen_host: str = "127.0.0.1"
     threads: int = 1
@@ -33,7 +33,7 @@ class AgentSpec(JsonRecord):
     kv_ship: bool = False  # placement.kv = "ship": send each step's new K and V to the successor too
     is_head: bool = False  # placement.head = "separate": this agent is the LM head after the last stage
     head_on_last: bool = False  # placement.head = "last": this last stage also samples and returns the token id
-    tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.tp)
+    tp: TPConfig = TPConfig()  # parallel = "tp": the all-reduce (agents.modes.tp)
     spec: SpecConfig = SpecConfig()  # an edge client (stage >= n_stages) drafts for the entry (agents.modes.dsd)
     lap_timeout_s: float = LAP_TIMEOUT_S  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
     every_agent: bool = False  # the mode's ModeInfo.every_agent (read by the launcher: a test may register a mode)

@@ -59,7 +59,7 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 3  # end of run; every stage forwards it and exits
     KV = 4  # a stage's new K and V entries, shipped to its successor (placement.kv = "ship"); read and dropped
     TOKEN = 5  # sampled token ids (int32), from a separate head's agent to the entry (placement.head = "separate")
-    REDUCE = 6  # one message of a tensor-parallel all-reduce (agents.tp): lap = collective, pos = step, stream = chunk
+    REDUCE = 6  # one message of a tensor-parallel all-reduce (agents.modes.tp): lap = collective, pos = step, stream = chunk
     TREE = 7  # tree speculation: int32 [a, a accepted slots, parents] for the next HIDDEN block (PipelineStage.set_tree)
     DRAFT = 8  # edge speculation (agents.modes.dsd), edge -> entry: int32 [last token, drafts...] at pos; stream = client
     PROBS = 9  # ... and float32 [K, V], the draft's distribution at each drafted position (the exact rule needs it)
@@ -113,7 +113,7 @@ def pad_bytes(kind: "Kind | None", shape: tuple[int, ...], payload_len: int, cod
               pos: int = -1, flags: int = 0) -> int:
     """The zeros a frame carries after its payload: a HIDDEN frame [..., T, C] under an emulated geometry carries
     the geometry's bytes for its positions (a block at position 0 also for an emulated prompt's extra positions); a
-    REDUCE message (a tensor-parallel partial sum, agents.tp, a share of a hidden state) the same share of the
+    REDUCE message (a tensor-parallel partial sum, agents.modes.tp, a share of a hidden state) the same share of the
     geometry's; a BATCH frame [B, T, C] the geometry's bytes of its B x T positions (and B prompts' extra
     positions when it starts at 0); a KV frame [2, L, T, C] the K and V of its T positions on the `flags` geometry
     layers its sender holds (at most a stage's share); every other frame none. Never negative: a frame is at least

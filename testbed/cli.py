@@ -12,15 +12,15 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.markup import escape
 
+from agents.modes import MODES
 from testbed import api
-from testbed.scenario.config import Scenario, builtin_names, load_scenario
-from testbed.core.decode import MODES
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
-from testbed.studies import STUDIES
-from testbed.studies.base import add_run_options, add_trace_option
 from testbed.report.build import main as report_main
 from testbed.run.trace import tracing
+from testbed.scenario.config import Scenario, builtin_names, load_scenario
+from testbed.studies import STUDIES
+from testbed.studies.base import add_run_options, add_trace_option
 
 DEFAULT_METRICS_PORT = 9464
 

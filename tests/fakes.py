@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from testbed.scenario.config import scenario_from_dict
-from testbed.core.facts import SpecRound
+from agents.modes.speculative.facts import SpecRound
 from testbed.core.records import HeadTiming, LapRecord, Stamp
+from testbed.scenario.config import scenario_from_dict
 
 STAGES: Final = ["hong-kong", "dublin", "new-york"]
 HOPS: Final = ["0->1", "1->2", "2->0"]

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from agents import wire
+from agents.modes.dsd.summary import round_bytes
 from testbed import api
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import Stamp
-from testbed.run.modes.dsd import round_bytes
 from testbed.studies.dsd.measure import DsdRow, autoregressive_request, colocated_request, crossover
 from tests.ringutil import run
 

@@ -26,15 +26,16 @@ from rich.console import Console
 
 from agents import wire
 from agents.agent import AgentSpec
+from agents.modes import MODES
 from agents.train import MODEL_CONFIGS
 from testbed import cli
-from testbed.scenario.config import _TOP_KEYS, load_scenario
-from testbed.scenario.network import NETWORK_KEYS as _NETWORK_KEYS
-from testbed.scenario.stages import STAGE_KEYS as _STAGE_KEYS, split_layers
-from testbed.core.decode import MODES, DecodeConfig, PlacementConfig, SpecConfig, TPConfig, WireConfig
+from testbed.core.decode import DecodeConfig, PlacementConfig, SpecConfig, TPConfig, WireConfig
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
+from testbed.scenario.config import _TOP_KEYS, load_scenario
+from testbed.scenario.network import NETWORK_KEYS as _NETWORK_KEYS
 from testbed.scenario.regions import REGION_KEYS
+from testbed.scenario.stages import STAGE_KEYS as _STAGE_KEYS, split_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -272,7 +273,7 @@ class LiveAgent:
     def __init__(self, log_path: Path) -> None:
         n_layer = MODEL_CONFIGS["target"].n_layer
         spec = AgentSpec(stage=1, n_stages=2, name="fuzzed", first_layer=n_layer // 2, last_layer=n_layer,
-                         compute_ms=0.0, decode=DecodeConfig(), runner=MODES["plain"].runner)
+                         compute_ms=0.0, decode=DecodeConfig(), runner=MODES["plain"].runner_path())
         self.downstream_listener = socket.create_server(("127.0.0.1", 0))
         read_fd, write_fd = os.pipe()
         self.log_path = log_path

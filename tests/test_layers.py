@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("testbed", "agents", "netem", "dashboards")
 # The floors are folders: lower numbers are lower floors, and a module may import its own floor or any below.
 # A module's floor is its folder's (testbed's own files, api, cli, node, are the top); a new folder under
-# testbed/ must take a floor here (test_every_folder_has_a_floor).
+# testbed/ must take a floor here (test_every_folder_has_a_floor). A decode mode is one folder,
+# agents/modes/<mode>/, whose files sit on their roles' floors: its card (__init__) and facts on the ground floor
+# with the registry (agents.modes), its runner with the agents, its summary and metrics with the run.
 FLOORS = (
-    (0, ("testbed/core",)),
-    (1, ("agents", "netem")),
+    (0, ("testbed/core", "agents/modes")),
+    (1, ("agents", "netem", "agents/modes/*/runner")),
     (2, ("testbed/deploy", "testbed/scenario")),  # the catalogues; a scenario, its sections' rules, the built-ins
-    (3, ("testbed/run",)),  # one run: launcher, dilation, run log, summary, collector, trace
+    (3, ("testbed/run", "agents/modes/*/summary", "agents/modes/*/metrics")),  # one run: launcher, run log, summary
     (4, ("dashboards",)),
     (5, ("testbed/studies",)),  # a folder per study, and their registry
     (6, ("testbed/report",)),  # reads every study's report part
@@ -26,8 +29,12 @@ SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halve
 
 
 def folder_of(module: str) -> str:
-    """The folder that sets a module's floor: testbed/<sub> for testbed's subfolders, else the package."""
+    """The folder that sets a module's floor: testbed/<sub> for testbed's subfolders, a decode mode's role
+    (agents/modes/*/<role>; its card and facts: agents/modes), else the package."""
     parts = module.split(".")
+    if parts[:2] == ["agents", "modes"]:
+        role = parts[3] if len(parts) > 3 else "facts"
+        return "agents/modes" if role == "facts" else f"agents/modes/*/{role}"
     if parts[0] == "testbed" and len(parts) > 1 and (ROOT / "testbed" / parts[1]).is_dir():
         return f"testbed/{parts[1]}"
     return parts[0]
@@ -35,7 +42,9 @@ def folder_of(module: str) -> str:
 
 def layer_of(module: str) -> int:
     folder = folder_of(module)
-    return next(level for level, folders in FLOORS if folder in folders)
+    level = next((level for level, folders in FLOORS if folder in folders), None)
+    assert level is not None, f"{module}: its folder {folder} has no floor in FLOORS"
+    return level
 
 
 def project_modules() -> dict[str, Path]:
@@ -127,9 +136,10 @@ def test_no_import_cycles():
 
 def test_the_ground_floor_imports_nothing_heavy():
     code = ("import sys, testbed.core, testbed.core.errors, testbed.core.clock, testbed.core.physics, "
-            "testbed.core.records, testbed.core.channel, testbed.core.decode, testbed.core.summary; "
-            "print(sorted(m for m in ('testbed.run.launcher', 'testbed.cli', 'torch', 'rich', 'agents', 'netem') "
-            "if m in sys.modules))")
+            "testbed.core.records, testbed.core.channel, testbed.core.decode, testbed.core.summary, "
+            "testbed.core.lapstats, agents.modes; "
+            "print(sorted(m for m in sys.modules if m in ('testbed.run', 'testbed.cli', 'torch', 'rich', 'netem', "
+            "'numpy', 'agents.ring') or m.startswith('agents.modes.') and m.endswith(('.runner', '.summary', '.metrics'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -151,6 +161,22 @@ def test_every_folder_has_a_floor():
     assert layer_of("testbed.cli") == layer_of("testbed.node") == layer_of("testbed.hosts.node") == 7
 
 
+def test_a_decode_mode_is_a_folder_of_known_roles():
+    """Every mode of the registry is a folder agents/modes/<name>/ with its card; its other files are the roles
+    ModeInfo.part knows (and facts), each on its floor; a file of another name has no floor."""
+    from agents.modes import MODES
+    from testbed.core.decode import ROLES
+
+    roles = {folder.rpartition("/")[2] for _, names in FLOORS for folder in names if folder.startswith("agents/modes/*/")}
+    assert roles == set(ROLES)
+    for name, info in MODES.items():
+        assert info.package == f"agents.modes.{name}" and (ROOT / "agents" / "modes" / name / "__init__.py").is_file()
+        assert importlib.util.find_spec(f"{info.package}.runner") is not None, f"{name} has no runner"
+    assert layer_of("agents.modes.tree") == layer_of("agents.modes.tree.facts") == 0
+    assert (layer_of("agents.modes.tree.runner"), layer_of("agents.modes.tree.summary")) == (1, 3)
+    assert folder_of("agents.modes.tree.helpers") not in {f for _, names in FLOORS for f in names}
+
+
 def test_the_layer_check_catches_an_upward_import(tmp_path):
     assert layer_of("testbed.core.records") < layer_of("agents.ring") < layer_of("testbed.scenario.config") \
         < layer_of("testbed.run.launcher") < layer_of("dashboards.live") < layer_of("testbed.studies.faults.measure") \
@@ -162,6 +188,9 @@ def test_the_layer_check_catches_an_upward_import(tmp_path):
     graph = import_graph() | {"testbed.scenario.planted": planted}  # a scenario module reaching up into run/
     assert upward_imports(graph) == ["testbed.scenario.planted (floor 2, testbed/scenario) imports "
                                      "testbed.run.launcher (floor 3, testbed/run)"]
+    graph = import_graph() | {"agents.modes.tree.facts": {"agents.modes.tree.runner"}}  # a card reaching its runner
+    assert upward_imports(graph) == ["agents.modes.tree.facts (floor 0, agents/modes) imports "
+                                     "agents.modes.tree.runner (floor 1, agents/modes/*/runner)"]
 
 
 def test_every_module_says_what_it_is_for_and_stays_small():

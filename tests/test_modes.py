@@ -1,26 +1,29 @@
-"""The decode-mode seam: a new mode is one module plus one registry line, and the whole testbed picks it up."""
+"""The decode-mode seam: a new mode is one folder plus one registry line, and the whole testbed picks it up."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import trio
 from prometheus_client import CollectorRegistry
 
-from tests.ringutil import ring_scenario, run
-from testbed.run.collector import RunCollector
-from testbed.core import decode
-from testbed.core.decode import ModeInfo
+import agents.modes
 from testbed.core.errors import ConfigError
+from testbed.core.records import LapRecord
+from testbed.run.collector import RunCollector
 from testbed.run.runlog import RunLog
+from tests import echo_mode
+from tests.echo_mode.facts import Echoed
+from tests.ringutil import RUN_TIMEOUT_S, ring_scenario
 
-ECHO = ModeInfo("echo", "tests.echo_mode:EchoMode", metric_kind="echo")
+ECHO = echo_mode.INFO  # its card: ModeInfo("echo", "tests.echo_mode", metric_kind="echo")
 PROMPT = "def echo(x):\n    return x\n"
 
 
 @pytest.fixture
 def echo_registered(monkeypatch):
-    monkeypatch.setitem(decode.MODES, "echo", ECHO)  # the one registry line
+    monkeypatch.setitem(agents.modes.MODES, "echo", ECHO)  # the one registry line
 
 
 def test_an_unknown_mode_is_a_config_error_naming_the_choices():
@@ -28,30 +31,44 @@ def test_an_unknown_mode_is_a_config_error_naming_the_choices():
         ring_scenario([1.0, 1.0], mode="echo")
 
 
-def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(echo_registered):
+def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(echo_registered, tmp_path):
+    """Its runner runs on the agents, its typed facts come back with its laps (and out of the lap log), and its
+    run-log part exports its own family: the run log, the collector and the summary name no mode."""
+    from testbed.run.launcher import run_scenario
+
     scenario = ring_scenario([2.0, 2.0, 2.0], compute_ms=3.0, tokens=len(PROMPT), mode="echo", prompt=PROMPT)
-    summary = run(scenario)
+    log = RunLog(scenario, lap_log=tmp_path / "laps.jsonl")
+
+    async def main():
+        with trio.fail_after(RUN_TIMEOUT_S):
+            return await run_scenario(scenario, "virtual", runlog=log, log=lambda m: None)
+
+    summary = trio.run(main)
+    log.close()
     assert summary.mode == "echo" and summary.text == PROMPT  # the ring carried every byte back in order
     assert summary.tokens == summary.laps == len(PROMPT)
-    assert summary.measured_tok_s == pytest.approx(1 / (scenario.emulated_compute_s + scenario.t_ring_s), rel=0.25)
-    log = RunLog(scenario)
+    assert summary.measured_tok_s == pytest.approx(1 / (scenario.emulated_compute_s + scenario.t_ring_s), rel=1e-6)
+    laps = [LapRecord.from_json(line) for line in (tmp_path / "laps.jsonl").read_text().splitlines()]
+    echoed = [lap.facts for lap in laps if lap.kind == "decode"]
+    assert echoed == [Echoed(i, byte) for i, byte in enumerate(PROMPT.encode())]
     registry = CollectorRegistry()
     registry.register(RunCollector(lambda: [log]))
-    assert registry.get_sample_value("testbed_laps_total", {"kind": "echo"}) == 0
+    assert registry.get_sample_value("testbed_laps_total", {"kind": "echo"}) == len(PROMPT)
+    assert registry.get_sample_value("testbed_echo_bytes_total") == len(PROMPT)  # its own family, from metrics.PART
 
 
 def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode(monkeypatch):
     from testbed.scenario.config import scenario_from_dict
     from testbed.core.lapstats import DECODE_KINDS
 
-    assert DECODE_KINDS == decode.decode_lap_kinds() == ("decode", "spec", "tree")  # every mode's lap_kind
+    assert DECODE_KINDS == agents.modes.decode_lap_kinds() == ("decode", "spec", "tree")  # every mode's lap_kind
     raw = {"stages": [{"name": f"s{i}"} for i in range(3)], "network": {"hops_ms": [1.0, 1.0, 1.0]},
            "decode": {"mode": "echo"}, "placement": {"head": "last"}}
-    monkeypatch.setitem(decode.MODES, "echo", ECHO)
+    monkeypatch.setitem(agents.modes.MODES, "echo", ECHO)
     with pytest.raises(ConfigError, match="'last' runs plain decode or tree decode, not 'echo'") as info:
         scenario_from_dict(raw, "<test>")
     assert info.value.key == "placement.head"
-    monkeypatch.setitem(decode.MODES, "echo", dataclasses.replace(ECHO, heads=("entry", "last")))
+    monkeypatch.setitem(agents.modes.MODES, "echo", dataclasses.replace(ECHO, heads=("entry", "last")))
     assert scenario_from_dict(raw, "<test>").placement.head == "last"  # the mode's own line allows it
 
 
@@ -64,12 +81,12 @@ def test_the_registry_line_says_what_a_mode_becomes_with_several_streams_or_an_e
         return scenario_from_dict({"stages": [{"name": f"s{i}"} for i in range(3)],
                                    "network": {"hops_ms": [1.0, 1.0, 1.0]}, "decode": decode, **more}, "<test>")
 
-    monkeypatch.setitem(decode.MODES, "echo", ECHO)
+    monkeypatch.setitem(agents.modes.MODES, "echo", ECHO)
     with pytest.raises(ConfigError, match="'echo' runs one stream; several streams need mode 'plain' or 'streams'"):
         scenario({"mode": "echo", "streams": 3})
     with pytest.raises(ConfigError, match="decode.mode must be 'speculative', not 'echo'"):
         scenario({"mode": "echo"}, spec={"placement": "edge"})
-    monkeypatch.setitem(decode.MODES, "echo", dataclasses.replace(ECHO, streams_as="echo", edge_as="echo"))
+    monkeypatch.setitem(agents.modes.MODES, "echo", dataclasses.replace(ECHO, streams_as="echo", edge_as="echo"))
     assert scenario({"mode": "echo", "streams": 3}).decode.mode == "echo"
     assert scenario({"mode": "echo", "k": 4}, spec={"placement": "edge"}).decode.mode == "echo"
     assert scenario({"mode": "plain", "streams": 3}).decode.mode == "streams"

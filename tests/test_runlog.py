@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from testbed.run.collector import RunCollector
-from testbed.core.facts import PrefillChunk, SpecRound
+from testbed.core.facts import PrefillChunk
+from agents.modes.speculative.facts import SpecRound
 from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
@@ -103,33 +104,20 @@ def test_collector_reads_the_logs_at_scrape_time():
         assert count == LAPS + 10
 
 
-def test_a_mode_s_part_of_the_run_log_is_one_line_in_LAP_PARTS(monkeypatch):
-    """The seam: a class added to testbed.run.modes.LAP_PARTS is fed every lap by the run log and exports its own
-    families through the collector; neither names it."""
-    from prometheus_client.core import CounterMetricFamily
+def test_a_mode_s_part_of_the_run_log_comes_with_its_registry_line(monkeypatch):
+    """The seam: a registered mode's metrics.PART is fed every lap by the run log (every mode's laps: this one counts
+    speculation's tokens) and exports its own families through the collector; neither names it."""
+    import agents.modes
+    from tests import echo_mode
 
-    from testbed.run import modes
-
-    class Echoes:
-        name = "echoes"
-
-        def __init__(self, scenario, lap_buckets, compute_buckets) -> None:
-            self.decode_tokens = 0
-
-        def add(self, records: list[LapRecord], compute: list[float], decode: bool) -> None:
-            self.decode_tokens += sum(record.tokens for record in records) if decode else 0
-
-        @staticmethod
-        def metrics(logs, current):
-            yield CounterMetricFamily("testbed_echo_tokens", "echoed", value=sum(log.parts["echoes"].decode_tokens
-                                                                                   for log in logs))
-
-    monkeypatch.setattr(modes, "LAP_PARTS", (*modes.LAP_PARTS, Echoes))
+    monkeypatch.setitem(agents.modes.MODES, "echo", echo_mode.INFO)
     log = logged("speculative", 10)
     registry = CollectorRegistry()
     registry.register(RunCollector(lambda: [log]))
     assert registry.get_sample_value("testbed_echo_tokens_total") == 10 * (SPEC_ACCEPTED + 1) == log.decode_tokens
     assert registry.get_sample_value("testbed_spec_decode_num_drafts_total") == 10  # the shipped parts still export
+    monkeypatch.delitem(agents.modes.MODES, "echo")
+    assert "echoes" not in logged("speculative", 1).parts  # no line, no part
 
 
 def interpolated_quantile(buckets: tuple[float, ...], value: float) -> float:

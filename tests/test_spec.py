@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agents.modes.speculative import KChooser, calibrated_q, overlap, probabilities, sample, verify
+from agents.modes.speculative.runner import KChooser, calibrated_q, overlap, probabilities, sample, verify
 from testbed.core import physics
 
 SIGNIFICANCE = 0.001  # every chi-square test below; seeds are fixed, so the outcome is deterministic

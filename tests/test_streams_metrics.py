@@ -15,11 +15,11 @@ from typing import Final
 import pytest
 from prometheus_client import CollectorRegistry
 
-from testbed.run.collector import RunCollector
-from testbed.scenario.config import scenario_from_dict
+from agents.modes.streams.metrics import STREAMS_WINDOW_LAPS_PER_STREAM
 from testbed.core.records import LapRecord, Stamp
-from testbed.run.modes.streams_metrics import STREAMS_WINDOW_LAPS_PER_STREAM
+from testbed.run.collector import RunCollector
 from testbed.run.runlog import RunLog
+from testbed.scenario.config import scenario_from_dict
 from tests.fakes import fake_lap, fake_scenario
 
 STAGES: Final = ("entry", "middle", "last")

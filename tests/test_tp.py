@@ -1,6 +1,6 @@
 """Tensor vs pipeline parallelism over slow links (seed 000, "Why pipeline-, not tensor-, parallel", Eq. 8).
 
-agents.tp splits every layer Megatron-style over the agents and all-reduces twice per layer over the shaped
+agents.modes.tp splits every layer Megatron-style over the agents and all-reduces twice per layer over the shaped
 links; physics.tp_token_s predicts a token's latency for the all-reduce used (a max-plus recursion over the
 configured links). The real-ring tests hold the measured per-token latency to it, and TP/PP above 4L/N.
 """
@@ -8,7 +8,7 @@ configured links). The real-ring tests hold the measured per-token latency to it
 import pytest
 import torch
 
-from agents.tp import TPShard, shard_ranges
+from agents.modes.tp.runner import TPShard, shard_ranges
 from testbed import api
 from testbed.core import physics
 from testbed.core.errors import ConfigError

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.model import KVCache, tree_mask
-from agents.modes.tree import Tree, grow, verify
+from agents.modes.tree.runner import Tree, grow, verify
 from testbed import api
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError

@@ -45,9 +45,9 @@ def preload(models: list[str]) -> None:
 
     torch.set_num_threads(1)  # no intra-op pool before the fork; each agent sets its own (AgentSpec.threads)
     from agents.shared import shared_model
-    from testbed.core.decode import MODES
+    from agents.modes import MODES
 
-    for module in PRELOAD_MODULES + tuple(info.runner.partition(":")[0] for info in MODES.values()):
+    for module in PRELOAD_MODULES + tuple(f"{info.package}.runner" for info in MODES.values()):
         importlib.import_module(module)
     for name in models:
         shared_model(name, (0, 0, False))  # a byte model whole; a checkpoint's shapes only: each agent loads its share

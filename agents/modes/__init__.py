@@ -1,1 +1,34 @@
-"""Decode modes run by the entry agent, one module each; testbed.core.decode.MODES registers them."""
+"""The decode modes, a folder each (its card and facts; its runner, summary and metrics), and MODES: one line each.
+
+A new mode is a folder here (or anywhere: tests/echo_mode) with INFO = ModeInfo(...) in its __init__, and its line
+below. This module imports the modes' cards and facts only (no torch, no run machinery): ModeInfo.part finds the rest.
+"""
+
+from __future__ import annotations
+
+from agents.modes import dsd, plain, speculative, streams, tp, tree
+from testbed.core.decode import ModeInfo
+
+MODES: dict[str, ModeInfo] = {mode.INFO.name: mode.INFO for mode in (
+    plain,
+    speculative,
+    streams,
+    tree,
+    dsd,
+    tp,
+)}
+
+
+def modes_with(form: str) -> tuple[str, ...]:
+    """The modes that have a `form` ("streams_as", "edge_as") of their own, but for that form's own mode."""
+    return tuple(name for name, info in MODES.items() if getattr(info, form) not in (None, name))
+
+
+def decode_lap_kinds() -> tuple[str, ...]:
+    """The lap kinds that make decode tokens: every mode's `lap_kind`."""
+    return tuple(sorted({info.lap_kind for info in MODES.values()}))
+
+
+def parts(role: str) -> list:
+    """Every registered mode's `role` module (ModeInfo.part) that exists, in registry order."""
+    return [module for module in (info.part(role) for info in MODES.values()) if module is not None]

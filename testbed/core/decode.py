@@ -1,10 +1,10 @@
-"""The decode settings every agent receives (typed across the process boundary) and the registry of decode modes."""
+"""The decode settings every agent receives (typed across the process boundary), and a decode mode's card (ModeInfo)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.core.records import JsonRecord
+from testbed.core.jsonrecord import JsonRecord
 
 K_MAX_BOUND = 64  # the largest draft length any setting may ask for
 DRAFT_KINDS = ("trained", "calibrated")
@@ -18,7 +18,7 @@ MAX_STREAMS = 1024  # agents.stage.PipelineStage.MAX_STREAMS: the KV caches one 
 class DecodeConfig(JsonRecord):
     """[decode] of a scenario. Defaults live here once; agents get it as JSON and rebuild this very class."""
 
-    mode: str = "plain"  # a key of MODES
+    mode: str = "plain"  # a key of agents.modes.MODES
     tokens: int = 32  # per stream
     prompt: str = "    def __repr__(self):\n        return "  # one the shipped models continue greedily (README)
     prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.prompts), not `prompt`
@@ -111,27 +111,30 @@ ALLREDUCE = ("ring", "all-to-all")
 
 @dataclass(frozen=True)
 class TPConfig(JsonRecord):
-    """[tp] of a scenario with parallel = "tp" (agents.tp): how the two all-reduces per layer travel."""
+    """[tp] of a scenario with parallel = "tp" (agents.modes.tp): how the two all-reduces per layer travel."""
 
     # "ring": reduce-scatter + all-gather over the ring's links, 2 (N - 1) serial steps of 1/N of the tensor.
     # "all-to-all": every rank sends its whole partial to every other one (needs a link between every pair).
     allreduce: str = "ring"
 
 
+ROLES = ("runner", "summary", "metrics")  # the modules a mode's folder may hold beside its card and its facts
+
+
 @dataclass(frozen=True)
 class ModeInfo:
-    """One decode mode: where its entry-node loop lives and what the launcher does with its laps.
+    """One decode mode's card: what the testbed does with it. A mode is a folder, agents/modes/<name>/ (its
+    __init__ holds this card as INFO, beside its facts.py), and one line in agents.modes.MODES.
 
-    `runner` and `summarizer` are "module:attribute" paths, imported only by the process that needs them
-    (the entry agent imports the runner; the launcher the summarizer), so this table imports nothing.
+    The folder's other modules, by role, each imported only by the process that needs it: `runner` (the agents;
+    torch), `summary` (the launcher: the mode's part of RunSummary) and `metrics` (its run-log part and Prometheus
+    family). part(role) finds them by those names, so this card imports nothing.
     """
 
     name: str
-    runner: str  # a class with `__init__(config, ring)` and `async run()`, driving laps through the ring client;
-    # with "last" in its heads, also `last_head(config, ring)`: what the last stage returns (RingClient.last_head)
+    package: str  # the mode's folder as a package (its __name__)
     metric_kind: str  # the `kind` label of its laps in Prometheus
-    summarizer: str | None = None  # (laps, scenario) -> the mode's own part of RunSummary
-    summary_field: str = "spec"  # the RunSummary field the summarizer's result goes to
+    summary_field: str = "spec"  # the RunSummary field its summary's result goes to
     every_agent: bool = False  # the runner runs on every agent (tensor parallelism), not on the entry alone
     lap_kind: str = "decode"  # LapRecord.kind of the laps that make its tokens (prefill and probe laps do not)
     heads: tuple[str, ...] = ("entry",)  # the placement.head values it runs with (HEAD_PLACEMENTS)
@@ -142,10 +145,10 @@ class ModeInfo:
     min_stages: int = 1  # the smallest ring it runs on (several streams in flight need a second stage to be in)
     greedy_on_last: bool = False  # with placement.head = "last" it decodes greedily only (the draft stays on the entry)
     spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
-    # A run longer than the run log's window (testbed.run.summarize.mode_summary): a running summarizer reads
-    # LapTotals over every lap ((totals, scenario) -> its part); without one its summarizer reads the window's laps,
-    # with these fields of its part (field, lap kind) counted over the whole run.
-    running_summarizer: str | None = None
+    drafts: bool = False  # it drafts with decode.draft (the scenario's model section checks the draft)
+    # A run longer than the run log's window (testbed.run.summarize.mode_summary): a summary module with
+    # summarize_totals reads LapTotals over every lap ((totals, scenario) -> its part); without it, its summarize
+    # reads the window's laps, with these fields of its part (field, lap kind) counted over the whole run.
     window_counts: tuple[tuple[str, str], ...] = ()
     # several sequences in flight: the run log keeps each one's tokens and a window of their decode laps, and the
     # collector exports the streams gauges over it (testbed.run.runlog, testbed.run.collector)
@@ -155,31 +158,19 @@ class ModeInfo:
     streams_as: str | None = None
     edge_as: str | None = None
 
+    def part(self, role: str):
+        """The folder's `role` module (one of ROLES), imported; None where the mode has none."""
+        import importlib
+        import importlib.util
 
-def modes_with(form: str) -> tuple[str, ...]:
-    """The modes that have a `form` ("streams_as", "edge_as") of their own, but for that form's own mode."""
-    return tuple(name for name, info in MODES.items() if getattr(info, form) not in (None, name))
+        if role not in ROLES:
+            raise ValueError(f"a mode's part is one of {', '.join(ROLES)}, not {role!r}")
+        name = f"{self.package}.{role}"
+        return importlib.import_module(name) if importlib.util.find_spec(name) is not None else None
 
-
-# A new decode mode is one module plus one line here.
-MODES: dict[str, ModeInfo] = {info.name: info for info in (
-    ModeInfo("plain", "agents.modes.plain:PlainMode", metric_kind="plain", heads=HEAD_PLACEMENTS, streams_as="streams"),
-    ModeInfo("speculative", "agents.modes.speculative:SpeculativeMode", metric_kind="speculative",
-             summarizer="testbed.run.modes.speculative:summarize_spec", lap_kind="spec", spec_headline=True,
-             running_summarizer="testbed.run.modes.speculative:summarize_spec_totals", edge_as="dsd"),
-    ModeInfo("streams", "agents.modes.streams:StreamsMode", metric_kind="streams",
-             summarizer="testbed.run.modes.streams:summarize_streams", summary_field="streams", min_stages=2,
-             per_stream=True, own_calibration=True, streams_as="streams"),
-    ModeInfo("tree", "agents.modes.tree:TreeMode", metric_kind="tree", summarizer="testbed.run.modes.tree:summarize_tree",
-             summary_field="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True, greedy_on_last=True,
-             window_counts=(("rounds", "tree"),)),
-    # its laps: the edge clients' rounds (the server's are "verify")
-    ModeInfo("dsd", "agents.modes.dsd:VerifyServer", metric_kind="dsd", summarizer="testbed.run.modes.dsd:summarize_dsd",
-             summary_field="dsd", lap_kind="spec", own_calibration=True, window_counts=(("rounds", "spec"),),
-             edge_as="dsd"),
-    ModeInfo("tp", "agents.tp:TPMode", metric_kind="tp", summarizer="testbed.run.modes.tp:summarize_tp",
-             summary_field="tp", every_agent=True, window_counts=(("tokens", "decode"),)),
-)}
+    def runner_path(self, attribute: str = "Runner") -> str:
+        """"module:attribute" of its runner (AgentSpec.runner: the agent imports it, the launcher does not)."""
+        return f"{self.package}.runner:{attribute}"
 
 
 def resolve(path: str):
@@ -188,8 +179,3 @@ def resolve(path: str):
 
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
-
-
-def decode_lap_kinds() -> tuple[str, ...]:
-    """The lap kinds that make decode tokens: every mode's `lap_kind`."""
-    return tuple(sorted({info.lap_kind for info in MODES.values()}))

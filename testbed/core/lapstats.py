@@ -13,8 +13,8 @@ import collections
 import math
 from dataclasses import dataclass, field
 
-from testbed.core.decode import decode_lap_kinds
-from testbed.core.facts import SpecRound
+from agents.modes import decode_lap_kinds
+from agents.modes.speculative.facts import SpecRound
 from testbed.core.records import LapRecord
 
 DECODE_KINDS = decode_lap_kinds()  # laps that produce decode tokens (prefill and probes do not): the modes' lap_kind
@@ -105,7 +105,7 @@ class RoundTotals:
 
 @dataclass
 class SpecTotals:
-    """Every speculation round of a run (laps of kind "spec"), for testbed.run.modes.speculative.summarize_spec_totals."""
+    """Every speculation round of a run (laps of kind "spec"), for agents.modes.speculative.summary.summarize_totals."""
 
     overall: RoundTotals = field(default_factory=RoundTotals)
     by_k: dict[int, RoundTotals] = field(default_factory=dict)

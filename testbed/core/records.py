@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import agents.modes  # noqa: F401  (every mode's facts registered: a lap read back gets its own class)
 from testbed.core.facts import LapFacts
 from testbed.core.jsonrecord import JsonRecord, field_names, record_from_dict, to_plain
 

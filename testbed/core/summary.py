@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.core.decode import MODES, WireConfig
+from agents.modes import MODES
+from testbed.core.decode import WireConfig
 from testbed.core.records import JsonRecord
 
 
@@ -234,7 +235,7 @@ class DsdSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class TpSummary(JsonRecord):
-    """Tensor parallelism over the links (agents.tp): per-token latency next to physics.tp_token_s, and what PP
+    """Tensor parallelism over the links (agents.modes.tp): per-token latency next to physics.tp_token_s, and what PP
     would take on the same links (seed 000, Eq. 8)."""
 
     allreduce: str

@@ -5,7 +5,7 @@ describe the current phase. Exact hop-latency quantiles are exported as gauges n
 histogram_quantile interpolates inside a bucket, so the gauges are what to plot or alert on.
 
 A mode's own families (speculation's with vLLM's names, the streams mode's) come from its part of the run log
-(testbed.run.modes.LAP_PARTS: each part's `metrics`).
+(testbed.run.runlog.lap_parts: each part's `metrics`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from agents.modes import MODES
 from testbed.run import predict
-from testbed.core.decode import MODES
 from testbed.run.histogram import merge as _merge
-from testbed.run import modes
-from testbed.run.runlog import RunLog
+from testbed.run.runlog import RunLog, lap_parts
 from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}
@@ -44,7 +43,7 @@ class RunCollector:
         yield from self._compute(logs, current.scenario)
         yield from self._hops(logs, current)
         yield from self._rates(current)
-        for part in modes.LAP_PARTS:
+        for part in lap_parts():
             yield from part.metrics(logs, current)
 
     def _laps(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:

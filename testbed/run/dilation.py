@@ -22,10 +22,11 @@ import dataclasses
 import math
 from typing import Awaitable, Callable
 
-from testbed.scenario.config import Scenario
-from testbed.core.decode import MODES, DecodeConfig
+from agents.modes import MODES
+from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
+from testbed.scenario.config import Scenario
 
 TARGET_OVERHEAD = 0.003  # the overhead auto aims at, as a fraction of the lap
 DILATION_MAX = 64.0

@@ -13,20 +13,20 @@ from typing import Callable
 
 import trio
 
-from agents.spec import AgentSpec
 from agents.forkserver.client import ForkServer
+from agents.modes import MODES
+from agents.spec import AgentSpec
 from netem.base import Shaper
-from testbed.core.process import stop_process
-from testbed.scenario.config import Scenario
 from testbed.core.channel import encode_line, read_lines
-from testbed.core.decode import MODES
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
+from testbed.core.process import stop_process
 from testbed.core.records import LapRecord, expand_laps
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
 from testbed.run.budget import run_budget
 from testbed.run.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
 from testbed.run.runlog import RunLog
 from testbed.run.summarize import self_check, summarize
+from testbed.scenario.config import Scenario
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
 READY_TIMEOUT_S = 60.0
@@ -90,7 +90,7 @@ class Launcher:
         mode = MODES[sc.decode.mode]
         tree_slots = sc.decode.tree_n + 1 if mode.tree_slots else 0
         stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
-                            compute_ms=st.compute_ms, decode=sc.decode, runner=mode.runner, model=sc.model,
+                            compute_ms=st.compute_ms, decode=sc.decode, runner=mode.runner_path(), model=sc.model,
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
                             per_token_ms=st.per_token_ms, prefill_ms_per_token=st.prefill_ms_per_token, wire=sc.wire,
                             roofline=st.roofline, kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
@@ -99,7 +99,7 @@ class Launcher:
                             warm_windows=self.shaper.warm_windows)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
-                           compute_ms=0.0, decode=sc.decode, runner="agents.modes.dsd:EdgeClient", model=sc.model,
+                           compute_ms=0.0, decode=sc.decode, runner=mode.runner_path("EdgeClient"), model=sc.model,
                            listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor, wire=sc.wire,
                            spec=sc.spec, lap_timeout_s=sc.lap_timeout_s)
                  for i in range(sc.n_stages, sc.n_agents)]  # edge clients (agents.modes.dsd)

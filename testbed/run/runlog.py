@@ -9,17 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TYPE_CHECKING
 
-from testbed.scenario.config import Scenario
-from testbed.core.decode import MODES
+from agents.modes import MODES, parts
 from testbed.core.facts import PrefillChunk
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import BYTES_PER_MBIT, LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
 from testbed.run.histogram import RunningHistogram, latency_buckets
-from testbed.run import modes
-from testbed.run.modes.streams_metrics import per_stream
 from testbed.run.trace import TraceWriter
 from testbed.run.trace import current as current_trace
+from testbed.scenario.config import Scenario
 
 if TYPE_CHECKING:
     from netem.base import ScheduleChange
@@ -30,6 +28,15 @@ LAP_WINDOW = 2048  # laps the run log keeps (a normal run fits: it is summarized
 RATE_WINDOW_LAPS = 8  # the live rate is over this many recent laps
 MAX_HISTORY_POINTS = 2000  # (and at most the window: every per-lap buffer is full once the window is)
 QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps (at most the window)
+
+
+def lap_parts() -> list[type]:
+    """Every registered mode's run-log part (its metrics module's PART), fed every lap; the collector asks each for
+    its Prometheus families. A part has a `name` (its key in RunLog.parts), `__init__(scenario, lap_buckets,
+    compute_buckets)`, `add(records, compute, decode)` (a batch of alike laps: RunLog.add_laps; it keeps those it
+    wants) and `metrics(logs, current)` (its families over every phase's run log); it may have
+    `predicted_tok_s(log)`, the run's headline prediction once it has one (testbed.run.predict)."""
+    return [module.PART for module in parts("metrics")]
 
 
 @dataclass
@@ -118,8 +125,8 @@ class RunLog:
         self.decode_ring_s = 0.0
         self.decode_hop_bytes = [0] * len(sc.ring)  # bytes each hop carried for the decode laps
         self.hop_rates_bytes_s = [link.rate_mbit * BYTES_PER_MBIT for link in sc.ring]  # 0: unlimited
-        # the modes' own running aggregates (testbed.run.modes.LAP_PARTS), each fed every lap, by name
-        self.parts = {part.name: part(sc, self.lap_buckets, compute_buckets) for part in modes.LAP_PARTS}
+        # the modes' own running aggregates (each mode's metrics.PART: lap_parts()), each fed every lap, by name
+        self.parts = {part.name: part(sc, self.lap_buckets, compute_buckets) for part in lap_parts()}
 
     @property
     def complete(self) -> bool:
@@ -144,6 +151,8 @@ class RunLog:
         testbed.core.records.expand_laps): what the stamps say is taken from the first once and counted for each, so
         a batch of M laps costs O(M + stages), not O(M x stages)."""
         first, n = records[0], len(records)
+        info = MODES.get(first.mode)
+        per_stream = info is not None and info.per_stream  # every stream's tokens kept (the streams summary's texts)
         self.laps.extend(records)
         self.lap_count += n
         for record in records:
@@ -153,7 +162,7 @@ class RunLog:
                 self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
             if record.kind == "prefill" and not self._first_prompt_done():
                 self.first_prompt.append(record)
-            if per_stream(record.mode):
+            if per_stream:
                 self.stream_ids.setdefault(record.stream, []).extend(record.ids)
             if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
                 self.token_ids.extend(record.ids)

@@ -8,13 +8,13 @@ import math
 import numpy as np
 
 from agents.configs import vocabulary
+from agents.modes import MODES
 from testbed.core import physics
-from testbed.core.decode import MODES, resolve
+from testbed.core.records import LapRecord, alike_runs
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
 from testbed.run import predict
-from testbed.scenario.config import Scenario
-from testbed.core.records import LapRecord, alike_runs
 from testbed.run.runlog import DECODE_KINDS, RunLog
+from testbed.scenario.config import Scenario
 
 SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"
 
@@ -112,14 +112,16 @@ def from_totals(log: RunLog) -> tuple[list[HopSummary], tuple[StageSummary, ...]
 
 def mode_summary(log: RunLog):
     """The decode mode's own part of the summary (None for a mode without one)."""
-    info, sc = MODES[log.scenario.decode.mode], log.scenario
-    if info.summarizer is None:
+    sc = log.scenario
+    info = MODES[sc.decode.mode]
+    summary = info.part("summary")  # its module: summarize(laps, scenario), maybe summarize_totals(totals, scenario)
+    if summary is None:
         return None
     if log.complete:
-        return resolve(info.summarizer)(list(log.laps), sc)
-    if info.running_summarizer is not None:
-        return resolve(info.running_summarizer)(log.totals, sc)
-    part = resolve(info.summarizer)(list(log.laps), sc)
+        return summary.summarize(list(log.laps), sc)
+    if hasattr(summary, "summarize_totals"):
+        return summary.summarize_totals(log.totals, sc)
+    part = summary.summarize(list(log.laps), sc)
     if part is None:
         return None
     counts = {name: log.totals.kinds[kind] for name, kind in info.window_counts}
@@ -142,7 +144,7 @@ def summarize(log: RunLog) -> RunSummary:
     overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
     ttft = ttft_summary(log.first_prompt, sc) if log.first_prompt else None
     info = MODES[sc.decode.mode]
-    mode_summaries = {info.summary_field: mode_summary(log)} if info.summarizer is not None else {}
+    mode_summaries = {info.summary_field: mode_summary(log)} if info.part("summary") is not None else {}
     # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
     headline = next((m.headline for m in mode_summaries.values() if hasattr(m, "headline")), None)
     return RunSummary(

@@ -9,20 +9,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, MODES, DecodeConfig, PlacementConfig, SpecConfig,
-                                 TPConfig, WireConfig)
+from agents.modes import MODES
+from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, DecodeConfig, PlacementConfig, SpecConfig, TPConfig,
+                                 WireConfig)
 from agents.configs import model_config
 from agents.hf.checkpoint import is_hf
-from testbed.scenario.model import BYTE_MODELS, check_models, model_name
-from testbed.scenario.decode import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
-from testbed.scenario.placement import edge_links, placement_from_dict as _placement, spec_from_dict
-from testbed.scenario.placement import tensor_parallel as _tensor_parallel
 from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
 from testbed.deploy.catalog import ModelPreset
 from testbed.deploy.rules import apply_geometry, prompt_lap_s
-from testbed.scenario.regions import RegionMatrix, parse_regions as _regions
+from testbed.scenario.decode import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
+from testbed.scenario.model import BYTE_MODELS, check_models, model_name
 from testbed.scenario.network import NETWORK_KEYS, links_from_dict
+from testbed.scenario.placement import edge_links, placement_from_dict as _placement, spec_from_dict
+from testbed.scenario.placement import tensor_parallel as _tensor_parallel
+from testbed.scenario.regions import RegionMatrix, parse_regions as _regions
 from testbed.scenario.schedule import LinkEvent, parse_schedule
 from testbed.scenario.stages import StageConfig, placed_regions, split_layers, stages_from_list
 from testbed.scenario.validate import check_keys as _check_keys

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from testbed.core.decode import (BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, MODES, TREE_POLICIES,
-                                 DecodeConfig, modes_with)
+from agents.modes import MODES, modes_with
+from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, TREE_POLICIES, DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import number as _number
 from testbed.scenario.validate import string as _string

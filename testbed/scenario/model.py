@@ -8,11 +8,11 @@ from pathlib import Path
 
 from agents.configs import MODEL_CONFIGS
 from agents.hf.checkpoint import HF_PREFIX, Checkpoint, is_hf
+from agents.modes import MODES
 from testbed.core.decode import DRAFT_KINDS, DecodeConfig
 from testbed.core.errors import ConfigError
 
 BYTE_MODELS = tuple(MODEL_CONFIGS)
-DRAFTING_MODES = ("speculative", "tree")  # the modes that draft with decode.draft (and edge clients: spec.placement)
 
 
 def checkpoint_name(value: str, source: str, key: str) -> str:
@@ -39,9 +39,9 @@ def model_name(value: object, source: str, key: str, choices: tuple[str, ...]) -
 def check_models(model: str, decode: DecodeConfig, *, parallel: str, drafts_on_edge: bool, source: str) -> None:
     """What a checkpoint can and cannot run with, and a draft that fits its target."""
     if is_hf(model) and parallel == "tp":
-        raise ConfigError("tensor parallelism splits the byte models' matmuls (agents.tp); a checkpoint runs "
+        raise ConfigError("tensor parallelism splits the byte models' matmuls (agents.modes.tp); a checkpoint runs "
                           "parallel = \"pp\"", source=source, key="parallel")
-    drafts = decode.mode in DRAFTING_MODES or drafts_on_edge
+    drafts = MODES[decode.mode].drafts or drafts_on_edge  # (edge clients draft: spec.placement)
     if not is_hf(decode.draft):
         if is_hf(model) and drafts and decode.draft == "trained":
             raise ConfigError("the shipped byte draft does not share a checkpoint's tokenizer: set decode.draft to "

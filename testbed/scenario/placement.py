@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_CLIENTS, MODES, DecodeConfig,
-                                 PlacementConfig, SpecConfig, TPConfig, modes_with)
+from agents.modes import MODES, modes_with
+from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_CLIENTS, DecodeConfig,
+                                 PlacementConfig, SpecConfig, TPConfig)
 from testbed.core.errors import ConfigError
 from testbed.core.records import LinkSpec
 from testbed.scenario.regions import RegionMatrix

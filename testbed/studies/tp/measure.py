@@ -1,6 +1,6 @@
 """python -m testbed tp: pipeline vs tensor parallelism on the same links and N (seed 000, Eq. 8), measured.
 
-PP hands the hidden state on once per stage: a token costs C + T_ring. TP (agents.tp) splits every layer over the
+PP hands the hidden state on once per stage: a token costs C + T_ring. TP (agents.modes.tp) splits every layer over the
 N agents and all-reduces twice per layer: a token costs 2 L all-reduces, each 2 (N - 1) serial hops on a ring
 all-reduce or one direct exchange on all-to-all (physics.tp_token_s). For each --hop-scale (every link's one-way
 delay multiplied by it) both run on the same ring and the table shows per-token latency measured next to
@@ -19,9 +19,9 @@ from rich.table import Table
 
 from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
                                   print_tables, results_path, write_json)
-from testbed.scenario.config import Scenario
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
+from testbed.scenario.config import Scenario
 from testbed.scenario.validate import listed
 
 TOKENS = 6  # per run: the first is the prompt's lap, the rest are the decode tokens measured

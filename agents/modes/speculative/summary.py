@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from testbed.scenario.config import Scenario
+from agents.modes.speculative.facts import SpecRound
 from testbed.core import physics
-from testbed.core.facts import SpecRound
 from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord
 from testbed.core.summary import PerKRow, SpecRates, SpecSummary
+from testbed.scenario.config import Scenario
 
 ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 
@@ -47,7 +47,7 @@ def _rates(rounds: int, gamma_measured: float, gamma_predicted: float, draft_s: 
     )
 
 
-def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary | None:
+def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary | None:
     """The JSON summary's `spec` object (DESIGN.md section 4) from the rounds seen so far."""
     rounds = [lap for lap in laps if lap.kind == "spec"]
     if not rounds:
@@ -67,8 +67,8 @@ def summarize_spec(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary
                          drafted_per_pos=drafted_per_pos, accepted_per_pos=accepted_per_pos)
 
 
-def summarize_spec_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary | None:
-    """summarize_spec over every round of a run longer than the run log's window, from its running totals."""
+def summarize_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary | None:
+    """summarize over every round of a run longer than the run log's window, from its running totals."""
     spec = totals.spec
     if not spec.overall.rounds:
         return None

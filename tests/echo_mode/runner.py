@@ -1,4 +1,4 @@
-"""A decode mode sketched for the mode seam's test: it feeds the prompt back one byte per lap (teacher forcing)."""
+"""The echo mode's runner: the entry feeds the prompt back one byte per lap (teacher forcing)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 from agents.configs import encode
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig
+from tests.echo_mode.facts import Echoed
 
 
 class EchoMode:
@@ -20,5 +21,8 @@ class EchoMode:
         ids = encode(self.config.prompt)
         for pos, token in enumerate(ids[: self.config.tokens]):
             _, record = await self.ring.lap([token], pos, "decode", lambda logits: None)
-            self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+            self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,), facts=Echoed(pos, token)))
         return min(len(ids), self.config.tokens)
+
+
+Runner = EchoMode

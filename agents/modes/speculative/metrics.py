@@ -71,6 +71,15 @@ class SpecRounds:
             return None
         return physics.gamma_mean(alpha, self.k_counts)
 
+    def predicted_tok_s(self, log: Any) -> float | None:
+        """r_spec = Gamma / (K c_d + C + T_ring) with the measured Gamma, K c_d and C (seed 000, Eq. 7), once there
+        are rounds: the run's headline prediction (testbed.run.predict)."""
+        if not self.rounds:
+            return None
+        n = self.rounds
+        return (self.tokens / n) / (self.draft_s_sum / n + self.compute_s_sum / n + log.scenario.t_ring_s
+                                    + log.serialization_s)
+
     @staticmethod
     def metrics(logs: Sequence[Any], current: Any) -> Iterator[Metric]:
         """Speculation counters with vLLM's names (spec_decode_num_drafts, ...) over every phase's run log (`logs`,
@@ -104,3 +113,6 @@ class SpecRounds:
             gamma.add_metric(["predicted"], now.gamma_predicted())
             k.add_metric([], now.last_k)
         yield from (alpha, gamma, k)
+
+
+PART = SpecRounds  # its part of the run log (testbed.run.runlog.lap_parts)

@@ -21,11 +21,11 @@ from torch.nn import functional as F
 
 from agents import wire
 from agents.model import GPT
-from agents.modes.plain import PlainMode
+from agents.modes.plain.runner import PlainMode
+from agents.modes.tp.facts import TpToken
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import WireError
-from testbed.core.facts import TpToken
 from testbed.core.records import LapRecord, Stamp
 
 
@@ -219,3 +219,6 @@ class TPMode(PlainMode):
         facts = TpToken(compute / segments, head, end - start - compute - head, segments,
                         self.allreduce.messages - messages, ring.n_stages)
         return token, LapRecord(lap_no, kind, ring.mode, len(block), 0, start, end, (stamp,), end, facts=facts)
+
+
+Runner = TPMode  # what an agent of this mode runs (ModeInfo.runner_path)

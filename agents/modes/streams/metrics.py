@@ -15,10 +15,10 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from testbed.core.decode import MODES
+from agents.modes import MODES
+from agents.modes.streams.summary import predicted_rates
 from testbed.core.records import LapRecord, alike_runs
 from testbed.run.histogram import RunningHistogram, merge, rate_buckets
-from testbed.run.modes.streams import predicted_rates
 from testbed.scenario.config import Scenario
 
 STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
@@ -160,3 +160,6 @@ class StreamsRecent:
             utilization.add_metric([stage, "predicted"], predicted)
             batch.add_metric([stage], frames)
         yield from (utilization, batch)
+
+
+PART = StreamsRecent  # its part of the run log (testbed.run.runlog.lap_parts)

@@ -199,3 +199,6 @@ def unique_frames(arrivals: list[Arrival]) -> list[tuple[wire.Frame, float]]:
     for _, frame, recv in arrivals:
         frames.setdefault(id(frame), (frame, recv))
     return list(frames.values())
+
+
+Runner = StreamsMode  # what an agent of this mode runs (ModeInfo.runner_path)

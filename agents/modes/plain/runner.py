@@ -32,7 +32,7 @@ class PlainMode:
         probs = torch.softmax(last / self.config.temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
-    # How a token's forward pass travels: one lap around the ring (a subclass may traverse otherwise: agents.tp).
+    # How a token's forward pass travels: one lap around the ring (a subclass may traverse otherwise: agents.modes.tp).
     async def traverse(self, block: list[int], pos: int, kind: str) -> tuple[int, LapRecord]:
         return await self.ring.lap(block, pos, kind, self.sample)
 
@@ -64,3 +64,6 @@ class PlainMode:
                 sequence.append(await self.step([sequence[-1]], len(sequence) - 1, "decode"))
             generated += 1
         return generated
+
+
+Runner = PlainMode  # what an agent of this mode runs (ModeInfo.runner_path)

@@ -1,15 +1,15 @@
-"""summarize_dsd(laps, scenario) -> DsdSummary: edge speculation's rounds and requests against seeds 002/003."""
+"""summarize(laps, scenario) -> DsdSummary: edge speculation's rounds and requests against seeds 002/003."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from agents import wire
-from testbed.scenario.config import Scenario
+from agents.modes.dsd.facts import DsdVerify
 from testbed.core import physics
-from testbed.core.facts import DsdVerify
 from testbed.core.records import LapRecord, mbit_to_bytes_s
 from testbed.core.summary import DsdSummary
+from testbed.scenario.config import Scenario
 
 def round_bytes(k: int, vocab: int) -> tuple[int, int]:
     """(up, down) bytes of one round on the edge link: PROBS [K, V] float32 and DRAFT [K + 1] int32 up, VERDICT down."""
@@ -22,7 +22,7 @@ def queue_s(lap: LapRecord) -> float:
     return lap.facts.queue_s if isinstance(lap.facts, DsdVerify) else 0.0
 
 
-def summarize_dsd(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
+def summarize(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     rounds = [lap for lap in laps if lap.kind == "spec"]
     verifies = [lap for lap in laps if lap.kind == "verify"]
     requests = [lap for lap in laps if lap.kind == "request"]

@@ -35,13 +35,13 @@ import torch
 
 from agents import wire
 from agents.model import GPT, tree_mask
-from agents.modes.speculative import EPS, probabilities, sample
+from agents.modes.speculative.runner import EPS, probabilities, sample
+from agents.modes.tree.facts import TreeRound
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from agents.stage import PipelineStage
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
-from testbed.core.facts import TreeRound
 
 
 @dataclass
@@ -272,3 +272,6 @@ class TreeMode:
                 await self.restart(self.sequence[-CONTEXT_KEEP:])
             await self.round()
         return self.generated
+
+
+Runner = TreeMode  # what an agent of this mode runs (ModeInfo.runner_path)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from agents.configs import vocabulary
-from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord, alike_runs
 from testbed.core.summary import StreamsSummary
+from testbed.scenario.config import Scenario
 
 
 def _busy_fraction(intervals: set[tuple[float, float]], t0: float, t1: float) -> float:
@@ -55,7 +55,7 @@ def _stage_passes(decode: list[LapRecord], n: int
     return passes, batches, np.array(queues) * 1e3
 
 
-def summarize_streams(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsSummary | None:
+def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> StreamsSummary | None:
     decode = [lap for lap in laps if lap.kind == "decode"]
     if not decode:
         return None

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from agents.model import GPT
+from agents.modes.speculative.facts import SpecRound
 from agents.prompts import prompt_ids
 from agents.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
-from testbed.core.facts import SpecRound
 
 K_AUTO_START = 4  # K before anything has been measured
 K_AUTO_WARMUP_ROUNDS = 3  # rounds at K_AUTO_START before the online choice takes over
@@ -311,3 +311,6 @@ class SpeculativeMode:
             await self.round(k)
             round_no += 1
         return self.generated
+
+
+Runner = SpeculativeMode  # what an agent of this mode runs (ModeInfo.runner_path)

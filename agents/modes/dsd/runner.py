@@ -25,12 +25,12 @@ import torch
 import trio
 
 from agents import wire
-from agents.modes.speculative import Drafter, PositionRandom, overlap, probabilities, sample, verify
+from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdVerify
+from agents.modes.speculative.runner import Drafter, PositionRandom, overlap, probabilities, sample, verify
 from agents.prompts import prompt_ids
 from agents.ring import RingClient
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
-from testbed.core.facts import DsdRequest, DsdRound, DsdVerify
 from testbed.core.records import LapRecord, Stamp
 
 LAP_KINDS = ("verify", "prefill")
@@ -165,7 +165,7 @@ class EdgeClient:
 
     async def draft_one(self, context: list[int]) -> tuple[int, torch.Tensor, float]:
         """One draft token after `context`: (token, its exact q, real seconds); padded to draft_ms with a sleep."""
-        from agents.modes.speculative import calibrated_q
+        from agents.modes.speculative.runner import calibrated_q
 
         clock = self.ring.clock
         step = clock.now()
@@ -246,3 +246,6 @@ class EdgeClient:
             token, q, took = await self.draft_one(context + [guess] + drafts)
             drafts, qs, real = drafts + [token], qs + [q], real + took
         return guess, (drafts, qs, real)
+
+
+Runner = VerifyServer  # what an agent of this mode runs (ModeInfo.runner_path)

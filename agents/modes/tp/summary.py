@@ -1,14 +1,14 @@
-"""summarize_tp(laps, scenario) -> TpSummary: a tensor-parallel run's per-token latency against its prediction."""
+"""summarize(laps, scenario) -> TpSummary: a tensor-parallel run's per-token latency against its prediction."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from testbed.scenario.config import Scenario
+from agents.modes.tp.facts import TpToken
 from testbed.core import physics
-from testbed.core.facts import TpToken
 from testbed.core.records import LapRecord
 from testbed.core.summary import TpSummary
+from testbed.scenario.config import Scenario
 
 # the predicted steady state is averaged over this many tokens (the max-plus system settles within a few)
 PREDICT_TOKENS = 24
@@ -31,7 +31,7 @@ def pp_token_s(sc: Scenario) -> float:
     return sc.emulated_compute_s + sc.t_ring_s
 
 
-def summarize_tp(laps: list[LapRecord], sc: Scenario) -> TpSummary | None:
+def summarize(laps: list[LapRecord], sc: Scenario) -> TpSummary | None:
     decode = [lap for lap in laps if lap.kind == "decode" and isinstance(lap.facts, TpToken)]
     if not decode:
         return None

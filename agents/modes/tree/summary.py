@@ -1,4 +1,4 @@
-"""summarize_tree(laps, scenario) -> TreeSummary: a tree-speculation run's L(n) and T_lap(n) against seed 001."""
+"""summarize(laps, scenario) -> TreeSummary: a tree-speculation run's L(n) and T_lap(n) against seed 001."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import math
 
 import numpy as np
 
-from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.core.summary import TreeSummary
+from testbed.scenario.config import Scenario
 
 
 def hop_rates_bytes_s(sc: Scenario) -> list[float]:
     return [link.rate_bytes_s for link in sc.ring]
 
 
-def summarize_tree(laps: list[LapRecord], sc: Scenario) -> TreeSummary | None:
+def summarize(laps: list[LapRecord], sc: Scenario) -> TreeSummary | None:
     rounds = [lap for lap in laps if lap.kind == "tree"]
     if not rounds:
         return None

@@ -1,0 +1,9 @@
+"""Edge-cloud speculation: edge clients draft, the entry verifies (seeds 002/003); its laps are the edges' rounds."""
+
+from __future__ import annotations
+
+from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdVerify  # noqa: F401  (registered: laps read back get them)
+from testbed.core.decode import ModeInfo
+
+INFO = ModeInfo("dsd", __name__, metric_kind="dsd", summary_field="dsd", lap_kind="spec", own_calibration=True,
+                window_counts=(("rounds", "spec"),), edge_as="dsd")

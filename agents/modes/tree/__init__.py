@@ -1,0 +1,9 @@
+"""Tree speculation: a token tree drafted, verified in one lap (seed 001's L(n) and T_lap(n))."""
+
+from __future__ import annotations
+
+from agents.modes.tree.facts import TreeRound  # noqa: F401  (registered: laps read back get them)
+from testbed.core.decode import ModeInfo
+
+INFO = ModeInfo("tree", __name__, metric_kind="tree", summary_field="tree", lap_kind="tree", heads=("entry", "last"),
+                tree_slots=True, greedy_on_last=True, drafts=True, window_counts=(("rounds", "tree"),))
