@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from testbed.core.jsonrecord import JsonRecord
@@ -160,17 +161,22 @@ class ModeInfo:
 
     def part(self, role: str):
         """The folder's `role` module (one of ROLES), imported; None where the mode has none."""
-        import importlib
-        import importlib.util
-
         if role not in ROLES:
             raise ValueError(f"a mode's part is one of {', '.join(ROLES)}, not {role!r}")
-        name = f"{self.package}.{role}"
-        return importlib.import_module(name) if importlib.util.find_spec(name) is not None else None
+        return _module_or_none(f"{self.package}.{role}")
 
     def runner_path(self, attribute: str = "Runner") -> str:
         """"module:attribute" of its runner (AgentSpec.runner: the agent imports it, the launcher does not)."""
         return f"{self.package}.runner:{attribute}"
+
+
+@functools.cache
+def _module_or_none(name: str):
+    """The module `name`, imported once; None where there is none (looked up once: the collector asks each scrape)."""
+    import importlib
+    import importlib.util
+
+    return importlib.import_module(name) if importlib.util.find_spec(name) is not None else None
 
 
 def resolve(path: str):
