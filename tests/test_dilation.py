@@ -17,7 +17,8 @@ import trio
 from testbed.scenario.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
-from testbed.core.summary import DilationSummary, DsdSummary, RunSummary
+from agents.modes.dsd.facts import DsdSummary
+from testbed.core.summary import DilationSummary, RunSummary
 from testbed.run.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
 from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_from, calibration_scenario, choose, lap_floor_s, parse_budget, parse_dilation,
@@ -235,7 +236,7 @@ def test_the_streams_mode_calibrates_its_convoy_not_one_frame():
     calibrates as itself: its own M streams at zero delay, the overhead what a stream's lap took beyond
     physics.streams_rates' with the measured passes. On virtual time that overhead is exactly 0 and the lap the
     passes' sum; a measured lap 3% over its physics is read as that."""
-    from testbed.core.summary import StreamsSummary
+    from agents.modes.streams.facts import StreamsSummary
     from testbed.run.launcher import run_scenario
 
     sc = load_scenario("geo-ring", ["decode.mode=streams", "decode.streams=16", 'decode.batching="continuous"',

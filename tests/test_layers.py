@@ -172,6 +172,8 @@ def test_a_decode_mode_is_a_folder_of_known_roles():
     for name, info in MODES.items():
         assert info.package == f"agents.modes.{name}" and (ROOT / "agents" / "modes" / name / "__init__.py").is_file()
         assert importlib.util.find_spec(f"{info.package}.runner") is not None, f"{name} has no runner"
+        has_summary = importlib.util.find_spec(f"{info.package}.summary") is not None  # its part needs a JSON field
+        assert has_summary == (info.summary_field is not None), f"{name}: summary.py needs card.summary"
     assert layer_of("agents.modes.tree") == layer_of("agents.modes.tree.facts") == 0
     assert (layer_of("agents.modes.tree.runner"), layer_of("agents.modes.tree.summary")) == (1, 3)
     assert folder_of("agents.modes.tree.helpers") not in {f for _, names in FLOORS for f in names}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import trio
@@ -11,14 +13,16 @@ from prometheus_client import CollectorRegistry
 import agents.modes
 from testbed.core.errors import ConfigError
 from testbed.core.records import LapRecord
+from testbed.core.summary import RunSummary
 from testbed.run.collector import RunCollector
 from testbed.run.runlog import RunLog
 from tests import echo_mode
-from tests.echo_mode.facts import Echoed
+from tests.echo_mode.facts import Echoed, EchoSummary
 from tests.ringutil import RUN_TIMEOUT_S, ring_scenario
 
 ECHO = echo_mode.INFO  # its card: ModeInfo("echo", "tests.echo_mode", metric_kind="echo")
 PROMPT = "def echo(x):\n    return x\n"
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
@@ -55,6 +59,24 @@ def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(ec
     registry.register(RunCollector(lambda: [log]))
     assert registry.get_sample_value("testbed_laps_total", {"kind": "echo"}) == len(PROMPT)
     assert registry.get_sample_value("testbed_echo_bytes_total") == len(PROMPT)  # its own family, from metrics.PART
+    # its summary part (summary.py -> card.summary) is a field of the JSON of its own, and reads back typed
+    assert summary.echo == EchoSummary(bytes=len(PROMPT), first=0, last=len(PROMPT) - 1) == summary.parts["echo"]
+    assert json.loads(summary.to_json())["echo"] == {"bytes": len(PROMPT), "first": 0, "last": len(PROMPT) - 1}
+    assert RunSummary.from_json(summary.to_json()) == summary and summary.spec is None
+
+
+def test_a_summary_without_the_modes_part_reads_as_before(echo_registered):
+    """The recorded summaries (tests/data) read back with every registered mode's field, null or not, where it was."""
+    recorded = json.loads((DATA / "summary-speculative.json").read_text())
+    summary = RunSummary.from_dict(recorded)
+    assert summary.spec.k_star == recorded["spec"]["k_star"] and summary.streams is None and summary.echo is None
+    written = json.loads(summary.to_json())
+    assert written["spec"] == json.loads(summary.spec.to_json()) and written["echo"] is None
+    assert list(written).index("spec") == list(recorded).index("spec")  # where the modes' fields always stood
+    with pytest.raises(AttributeError, match="no attribute 'spek'"):
+        summary.spek
+    with pytest.raises(ValueError, match=r"RunSummary.echo: unknown field\(s\) bites"):
+        RunSummary.from_dict({**recorded, "echo": {"bites": 1, "first": 0, "last": 0}})
 
 
 def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode(monkeypatch):

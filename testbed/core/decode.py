@@ -135,7 +135,10 @@ class ModeInfo:
     name: str
     package: str  # the mode's folder as a package (its __name__)
     metric_kind: str  # the `kind` label of its laps in Prometheus
-    summary_field: str = "spec"  # the RunSummary field its summary's result goes to
+    # its part of RunSummary: the record type (in its facts, beside its lap facts) and the JSON field it goes to
+    # (modes may share one: plain speculation and its K sweep); None where its summary module makes none
+    summary: type | None = None
+    summary_field: str | None = None
     every_agent: bool = False  # the runner runs on every agent (tensor parallelism), not on the entry alone
     lap_kind: str = "decode"  # LapRecord.kind of the laps that make its tokens (prefill and probe laps do not)
     heads: tuple[str, ...] = ("entry",)  # the placement.head values it runs with (HEAD_PLACEMENTS)
@@ -158,6 +161,10 @@ class ModeInfo:
     # streams mode), with spec.placement = "edge" (the drafter moves to edge clients: dsd); None: it has no such form
     streams_as: str | None = None
     edge_as: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.summary is None) != (self.summary_field is None):
+            raise ValueError(f"mode {self.name!r}: a summary part needs both its type and its field, or neither")
 
     def part(self, role: str):
         """The folder's `role` module (one of ROLES), imported; None where the mode has none."""

@@ -28,14 +28,13 @@ def _converter(hint: Any) -> Callable[[Any, str], Any]:
         inner = [a for a in args if a is not type(None)]
         records = [a for a in inner if dataclasses.is_dataclass(a)]
         if records:
-            record = records[0]
-            return lambda value, where: (record_from_dict(record, value, what=where) if isinstance(value, dict)
-                                         else value)
+            read = _reader(records[0])
+            return lambda value, where: read(value, where) if isinstance(value, dict) else value
         if len(inner) == 1:
             return _converter(inner[0])
         return lambda value, where: value
     if dataclasses.is_dataclass(hint):
-        return lambda value, where: record_from_dict(hint, value, what=where)
+        return _reader(hint)
     if origin in (list, tuple):
         item = _converter(args[0]) if args else None
         as_tuple = origin is tuple
@@ -49,6 +48,14 @@ def _converter(hint: Any) -> Callable[[Any, str], Any]:
             return tuple(items) if as_tuple else items
         return sequence
     return _plain_value
+
+
+def _reader(cls: type) -> Callable[[Any, str], Any]:
+    """How a nested record of type cls is read: its own from_dict where it has one (RunSummary: its modes' parts)."""
+    own = getattr(cls, "from_dict", None)
+    if own is not None and own.__func__ is not JsonRecord.from_dict.__func__:
+        return lambda value, where: own(value)
+    return lambda value, where: record_from_dict(cls, value, what=where)
 
 
 def _plain_value(value: Any, where: str) -> Any:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from agents.modes import MODES
 from testbed.core.decode import WireConfig
-from testbed.core.records import JsonRecord
+from testbed.core.records import JsonRecord, record_from_dict
 
 
 @dataclass(frozen=True)
@@ -88,176 +89,11 @@ class DilationSummary(JsonRecord):
         return -100.0 * left / (self.lap_ms + left)
 
 
-@dataclass(frozen=True)
-class SpecRates(JsonRecord):
-    """Measured and predicted figures of a set of speculation rounds (a whole run, or those at one K)."""
-
-    rounds: int
-    gamma_measured: float
-    gamma_predicted: float  # Gamma(alpha_hat, K), averaged over the rounds' K
-    draft_s: float  # per round
-    draft_per_token_s: float
-    verify_compute_s: float
-    round_s: float
-    measured_tok_s: float
-    predicted_tok_s: float  # Gamma_measured / (K c_d + C + T_ring)
-    predicted_tok_s_from_alpha: float  # Gamma(alpha_hat, K) / (K c_d + C + T_ring)
 
 
-@dataclass(frozen=True, kw_only=True)  # keyword-only: a missing field is an error, never a silent default
-class PerKRow(SpecRates):
-    k: int
-    formula_tok_s: float  # Gamma(alpha_hat, K) / (K c_d + C + T_ring) with the run's c_d and C
 
 
-@dataclass(frozen=True, kw_only=True)
-class SpecSummary(SpecRates):
-    k: float  # the K of every round, or their mean when K varied (auto, sweep)
-    k_last: int
-    k_auto: bool
-    draft: str
-    drafted: int
-    accepted: int
-    alpha: float  # estimated: mean of sum_x min(p, q) over drafted positions
-    alpha_dialled: float | None  # the calibrated draft's setting
-    acceptance_per_position: tuple[float, ...]
-    k_star: int  # argmax of Gamma(alpha_hat, K) / (K c_d + C + T_ring) over 1..max(k_max, largest K run)
-    k_star_tok_s: float
-    # the same from the measured survival curve (acceptance_per_position), which holds for correlated rejections
-    k_star_survival: int | None = None
-    k_star_survival_tok_s: float | None = None
-    plain_predicted_tok_s: float  # 1 / (C + T_ring) with C = verify_compute_s
-    per_k: tuple[PerKRow, ...] | None = None  # a K sweep
-    k_star_measured: int | None = None
-    k_star_predicted: int | None = None
 
-
-@dataclass(frozen=True)
-class StreamsSummary(JsonRecord):
-    """M streams in flight (the streams mode): per-stream and aggregate rates next to physics.streams_rates."""
-
-    streams: int
-    batching: str
-    window_s: float  # the stretch where every stream was decoding: the aggregate is measured over it
-    aggregate_tok_s: float
-    aggregate_predicted_tok_s: float
-    aggregate_error_pct: float
-    per_stream_predicted_tok_s: float
-    per_stream_tok_s: tuple[float, ...]  # each stream's decode rate: its tokens over its laps' time
-    per_stream_p50_tok_s: float
-    per_stream_min_tok_s: float
-    lap_ms_p50: float  # inter-token time of a stream, over every decode lap of every stream
-    lap_ms_p99: float
-    ceiling_tok_s: float  # none: 1 / c_max; continuous: the bottleneck batching all M (physics.batching_ceiling)
-    stage_compute_ms: tuple[float, ...]  # mean cost of one forward pass (batched: of the whole batch)
-    stage_batch_mean: tuple[float, ...]  # mean frames per forward pass
-    stage_busy: tuple[float, ...]  # measured fraction of the window each stage computed
-    stage_busy_predicted: tuple[float, ...]
-    stage_queue_ms_mean: tuple[float, ...]  # how long a frame waited at each stage before its forward pass
-    stage_queue_ms_p99: tuple[float, ...]
-    texts: tuple[str, ...] = ()  # each stream's generated text
-
-    @property
-    def headline(self) -> tuple[float, float, float]:
-        """(measured, predicted, error %) that the run's headline shows: the ring's aggregate rate."""
-        return self.aggregate_tok_s, self.aggregate_predicted_tok_s, self.aggregate_error_pct
-
-    def calibration_lap(self) -> tuple[float, float]:
-        """At zero delay (testbed.run.dilation): (what a stream's lap took beyond physics.streams_rates' lap with the
-        measured passes, ms; that lap, s). A lap's M frames cross every hop one by one, so the testbed's cost of a
-        lap grows with M, which one frame's calibration (plain decode) does not see."""
-        physics_s = self.streams / self.aggregate_predicted_tok_s
-        return max(0.0, (self.streams / self.aggregate_tok_s - physics_s) * 1e3), physics_s
-
-
-@dataclass(frozen=True)
-class TreeSummary(JsonRecord):
-    """Tree speculation (agents.modes.tree): tokens per lap L(n) and the lap T_lap(n), next to physics.tree_rate."""
-
-    policy: str
-    n: float  # nodes drafted per round (mean: a depth cap can leave a tree short)
-    rounds: int
-    tokens_per_round: float  # L(n): accepted nodes + the one the target adds
-    lap_ms: float  # a round: drafting + the verify lap
-    draft_ms: float
-    compute_ms: float  # the stages' forward passes over the n + 1 nodes, and the head
-    ring_ms: float  # measured: every hop, serialization included
-    serialization_ms: float  # predicted: each hop's bytes at its rate
-    bytes_per_hop: float
-    depth_mean: float
-    measured_tok_s: float
-    predicted_tok_s: float  # tree_rate(L measured, configured links and rates, measured compute + draft)
-    error_pct: float
-
-    @property
-    def headline(self) -> tuple[float, float, float]:
-        return self.measured_tok_s, self.predicted_tok_s, self.error_pct
-
-
-@dataclass(frozen=True)
-class DsdSummary(JsonRecord):
-    """Edge drafts, entry verification (agents.modes.dsd): rounds and requests next to physics.dsd_round_s."""
-
-    clients: int
-    pipelined: bool
-    k: int
-    rtt_ms: float
-    rounds: int
-    tokens_per_round: float  # Gamma, measured
-    alpha_hat: float | None
-    draft_ms_per_token: float  # t_d, from the rounds drafted after their verdict
-    verify_ms: float  # t_v: the entry's verify laps (the ring, its compute and the head)
-    queue_ms: float  # a round's wait at the entry behind other clients' rounds
-    hit_rate: float  # pipelined: rounds whose drafts were ready from the last round's wait
-    round_ms: float  # verdict to verdict, at the edge
-    predicted_round_ms: float  # physics.dsd_round_s with the measured t_d, t_v, hit rate (and queueing)
-    request_ms: float  # a client's whole request: the prompt sent to the last verdict (mean over the clients)
-    predicted_request_ms: float
-    request_tokens: float
-    aggregate_tok_s: float  # every client's tokens over the stretch where all of them were decoding
-    predicted_aggregate_tok_s: float  # min(E Gamma / round, b Gamma / t_v): the clients, or the saturated server
-    server_busy: float  # the entry's verify passes over the run's rounds
-    batch_mean: float  # clients' rounds per verify pass (decode.batching = "continuous" on a one-node cloud)
-    bytes_up_per_round: int
-    bytes_down_per_round: int
-    error_pct: float  # request latency
-
-    def calibration_lap(self) -> tuple[float, float]:
-        """At zero round trip (testbed.run.dilation): (what a round took beyond physics.dsd_round_s, ms; that
-        physics, s). A lap of edge speculation is a round."""
-        return max(0.0, self.round_ms - self.predicted_round_ms), self.predicted_round_ms / 1e3
-
-    @property
-    def headline(self) -> tuple[float, float, float]:
-        return (self.aggregate_tok_s, self.predicted_aggregate_tok_s,
-                (self.aggregate_tok_s / self.predicted_aggregate_tok_s - 1) * 100)
-
-
-@dataclass(frozen=True)
-class TpSummary(JsonRecord):
-    """Tensor parallelism over the links (agents.modes.tp): per-token latency next to physics.tp_token_s, and what PP
-    would take on the same links (seed 000, Eq. 8)."""
-
-    allreduce: str
-    ranks: int
-    layers: int
-    tokens: int  # decode tokens measured
-    token_ms: float  # mean per-token latency (rank 0: embed to sampled token)
-    token_ms_p99: float
-    predicted_token_ms: float  # physics.tp_token_s: configured links, measured segment and head compute
-    error_pct: float
-    segment_ms: float  # mean compute of one segment (half a layer), padding included
-    head_ms: float
-    comm_ms: float  # mean per token waiting on all-reduces
-    messages_per_token: float  # sent by rank 0
-    bytes_per_token: float  # sent by rank 0
-    pp_predicted_token_ms: float  # C + T_ring on the same links: the configured compute of the stages
-    ratio_predicted: float  # predicted_token_ms / pp_predicted_token_ms: the exact ratio for this all-reduce
-    ratio_bound: float  # Eq. 8: 4 L / N
-
-    @property
-    def headline(self) -> tuple[float, float, float]:
-        return 1e3 / self.token_ms, 1e3 / self.predicted_token_ms, self.error_pct
 
 
 @dataclass(frozen=True)
@@ -277,6 +113,15 @@ class AgentUsage(JsonRecord):
     def cpu_share(self) -> float:
         """CPU time over wall time: 1.0 is one core busy all the time."""
         return self.cpu_s / self.box_wall_s if self.box_wall_s > 0 else 0.0
+
+
+def mode_parts() -> dict[str, type]:
+    """The modes' parts of RunSummary: each registered mode's summary_field -> its record type (modes may share one)."""
+    types: dict[str, type] = {}
+    for info in MODES.values():
+        if info.summary_field is not None and types.setdefault(info.summary_field, info.summary) is not info.summary:
+            raise ValueError(f"two modes give the summary field {info.summary_field!r} different types")
+    return types
 
 
 @dataclass(frozen=True)
@@ -308,11 +153,9 @@ class RunSummary(JsonRecord):
     overhead_ms_per_hop: float | None
     ttft: TtftSummary | None = None
     self_check: tuple[LinkCheck, ...] | None = None
-    spec: SpecSummary | None = None
-    streams: StreamsSummary | None = None
-    tp: TpSummary | None = None
-    tree: TreeSummary | None = None
-    dsd: DsdSummary | None = None
+    # each decode mode's own part, by its card's summary_field: in the JSON a field of its own ("spec", "streams",
+    # ...; null where the run made none), read as summary.<field> (None where the run made none)
+    parts: dict[str, JsonRecord] = field(default_factory=dict)
     history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
     metrics_url: str | None = None
     text: str = ""
@@ -328,6 +171,31 @@ class RunSummary(JsonRecord):
     schedule: tuple[tuple[float, str, bool], ...] = ()
     schedule_elapsed_s: float | None = None
 
+    def __getattr__(self, name: str):
+        """summary.spec, summary.streams, ...: a registered mode's part of this run (None where it made none)."""
+        if name.startswith("_") or name not in mode_parts():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.__dict__.get("parts", {}).get(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: each mode's part as a field of its own where `parts` stands (every registered one)."""
+        out: dict[str, Any] = {}
+        for key, value in super().to_dict().items():
+            if key == "parts":
+                out.update({name: None for name in mode_parts()} | value)
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        if not isinstance(data, dict):
+            raise ValueError(f"RunSummary: expected an object, got {type(data).__name__}")
+        types = mode_parts()
+        parts = {name: record_from_dict(types[name], value, what=f"RunSummary.{name}")
+                 for name, value in data.items() if name in types and value is not None}
+        return record_from_dict(cls, {**{k: v for k, v in data.items() if k not in types}, "parts": parts})
+
     @property
     def is_speculative(self) -> bool:
         """Its predicted rate is the speculative one (ModeInfo.spec_headline), not the wall."""
@@ -337,6 +205,7 @@ class RunSummary(JsonRecord):
     @property
     def wall_predicted_tok_s(self) -> float | None:
         """The plain wall 1/(C + T_ring) as the summarizer predicted it, in either mode (None until known)."""
-        if self.spec is not None:
-            return self.spec.plain_predicted_tok_s
+        for part in self.parts.values():  # a part that predicts more than the wall says what the wall was
+            if hasattr(part, "plain_predicted_tok_s"):
+                return part.plain_predicted_tok_s
         return None if self.is_speculative else self.predicted_tok_s

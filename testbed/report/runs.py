@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agents.modes.speculative.facts import SpecSummary
 from testbed.core.errors import ConfigError
-from testbed.core.summary import RunSummary, SpecSummary
+from testbed.core.summary import RunSummary
 from testbed.scenario.validate import check_number
 from testbed.studies.style import DASH, cell
 

@@ -144,9 +144,10 @@ def summarize(log: RunLog) -> RunSummary:
     overheads = [h.measured_ms_p50 - h.configured_ms for h in per_hop if h.measured_ms_p50 is not None]
     ttft = ttft_summary(log.first_prompt, sc) if log.first_prompt else None
     info = MODES[sc.decode.mode]
-    mode_summaries = {info.summary_field: mode_summary(log)} if info.part("summary") is not None else {}
+    part = mode_summary(log) if info.summary_field is not None else None
+    parts = {info.summary_field: part} if part is not None else {}
     # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
-    headline = next((m.headline for m in mode_summaries.values() if hasattr(m, "headline")), None)
+    headline = part.headline if hasattr(part, "headline") else None
     return RunSummary(
         scenario=sc.name, description=sc.description, shaper=log.shaper, shaper_reason=log.shaper_reason,
         phase=log.phase, mode=sc.decode.mode, stages=sc.n_stages, stage_names=tuple(s.name for s in sc.stages),
@@ -158,7 +159,7 @@ def summarize(log: RunLog) -> RunSummary:
         error_pct=(headline[2] if headline else (measured / predicted - 1) * 100 if measured and predicted else None),
         lap_residual_ms=residual, per_hop=tuple(per_hop), per_stage=per_stage,
         overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
-        ttft=ttft, self_check=self_check(log), **mode_summaries,
+        ttft=ttft, self_check=self_check(log), parts=parts,
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=vocabulary(sc.model).decode(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts={**log.shaper_facts, "schedule_changes": [dataclasses.asdict(c) for c in log.schedule_changes]}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdVerify  # noqa: F401  (registered: laps read back get them)
+# registered: laps read back get them
+from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdSummary, DsdVerify  # noqa: F401
 from testbed.core.decode import ModeInfo
 
-INFO = ModeInfo("dsd", __name__, metric_kind="dsd", summary_field="dsd", lap_kind="spec", own_calibration=True,
-                window_counts=(("rounds", "spec"),), edge_as="dsd")
+INFO = ModeInfo("dsd", __name__, metric_kind="dsd", lap_kind="spec", own_calibration=True,
+                window_counts=(("rounds", "spec"),), edge_as="dsd", summary=DsdSummary, summary_field="dsd")

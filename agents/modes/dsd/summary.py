@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from agents import wire
-from agents.modes.dsd.facts import DsdVerify
+from agents.modes.dsd.facts import DsdSummary, DsdVerify
 from testbed.core import physics
 from testbed.core.records import LapRecord, mbit_to_bytes_s
-from testbed.core.summary import DsdSummary
 from testbed.scenario.config import Scenario
 
 def round_bytes(k: int, vocab: int) -> tuple[int, int]:

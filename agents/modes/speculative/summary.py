@@ -6,11 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.modes.speculative.facts import SpecRound
+from agents.modes.speculative.facts import PerKRow, SpecRates, SpecRound, SpecSummary
 from testbed.core import physics
 from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord
-from testbed.core.summary import PerKRow, SpecRates, SpecSummary
 from testbed.scenario.config import Scenario
 
 ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded

@@ -10,7 +10,7 @@ import numpy as np
 from agents.configs import vocabulary
 from testbed.core import physics
 from testbed.core.records import LapRecord, alike_runs
-from testbed.core.summary import StreamsSummary
+from agents.modes.streams.facts import StreamsSummary
 from testbed.scenario.config import Scenario
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.modes.tp.facts import TpToken
+from agents.modes.tp.facts import TpSummary, TpToken
 from testbed.core import physics
 from testbed.core.records import LapRecord
-from testbed.core.summary import TpSummary
 from testbed.scenario.config import Scenario
 
 # the predicted steady state is averaged over this many tokens (the max-plus system settles within a few)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from agents.modes.tree.facts import TreeRound  # noqa: F401  (registered: laps read back get them)
+from agents.modes.tree.facts import TreeRound, TreeSummary  # noqa: F401  (registered: laps read back get them)
 from testbed.core.decode import ModeInfo
 
-INFO = ModeInfo("tree", __name__, metric_kind="tree", summary_field="tree", lap_kind="tree", heads=("entry", "last"),
-                tree_slots=True, greedy_on_last=True, drafts=True, window_counts=(("rounds", "tree"),))
+INFO = ModeInfo("tree", __name__, metric_kind="tree", lap_kind="tree", heads=("entry", "last"), tree_slots=True,
+                greedy_on_last=True, drafts=True, window_counts=(("rounds", "tree"),), summary=TreeSummary,
+                summary_field="tree")

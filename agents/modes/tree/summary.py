@@ -8,7 +8,7 @@ import numpy as np
 
 from testbed.core import physics
 from testbed.core.records import LapRecord
-from testbed.core.summary import TreeSummary
+from agents.modes.tree.facts import TreeSummary
 from testbed.scenario.config import Scenario
 
 
