@@ -145,12 +145,8 @@ def build_ring(spec: AgentSpec, control: Control, transport: Transport, clock: C
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
     # a checkpoint loads this agent's share only: its layers, and the embeddings and head where it uses them
     model = shared_model(spec.model, (spec.first_layer, spec.last_layer, plan.is_entry or spec.is_head or spec.head_on_last))
-    ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec.stage, spec.n_stages, spec.compute_ms,
-                      mode=spec.decode.mode, report=control.send, clock=clock, log=say, dilation=spec.dilation,
-                      per_token_ms=spec.per_token_ms, prefill_ms_per_token=spec.prefill_ms_per_token, roofline=spec.roofline,
-                      batching=spec.decode.batching, streams=spec.decode.streams, codec=spec.wire,
-                      kv_ship=spec.kv_ship, tp=spec.tp, transport=transport)
-    ring.lap_timeout_s = spec.lap_timeout_s
+    ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec, report=control.send, clock=clock,
+                      log=say, transport=transport)
     if spec.head_on_last:  # what this last stage returns instead of its hidden state: the mode's runner says
         ring.last_head = resolve(spec.runner).last_head(spec.decode, ring)
     return ring, plan

@@ -13,13 +13,12 @@ from agents import wire
 from agents.admit import Admission
 from agents.batching import as_float32, batches, rows_of
 from agents.reader import FrameReader
+from agents.spec import AgentSpec
 from agents.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
-from testbed.core.decode import TPConfig
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
-from testbed.core.records import LAP_TIMEOUT_S, Address, HeadTiming, LapRecord, Stamp
-from testbed.core.roofline import Roofline
+from testbed.core.records import Address, HeadTiming, LapRecord, Stamp
 from testbed.core.transport import TCP, Transport
 
 CONNECT_TIMEOUT_S = 30.0
@@ -48,41 +47,42 @@ class RingClient:
     talk to more than the next stage use the others.
     """
 
-    def __init__(self, stage: PipelineStage, stage_index: int, n_stages: int, compute_ms: float, *, mode: str,
-                 report: Callable[[str, dict[str, Any]], None], clock: Clock = clock_module.MONOTONIC,
-                 log: Callable[[str], None] = print, dilation: float = 1.0, per_token_ms: float = 0.0,
-                 prefill_ms_per_token: float = 0.0, batching: str = "none", streams: int = 1,
-                 codec: wire.WireConfig | None = None, kv_ship: bool = False, tp: TPConfig | None = None,
-                 transport: Transport = TCP, roofline: Roofline | None = None) -> None:
+    def __init__(self, stage: PipelineStage, spec: AgentSpec, *, report: Callable[[str, dict[str, Any]], None],
+                 clock: Clock = clock_module.MONOTONIC, log: Callable[[str], None] = print,
+                 transport: Transport = TCP) -> None:
+        """`spec` is what the launcher told this agent (its stage, costs, decode settings); the rest is how it talks:
+        `report` sends an event to the launcher, `transport` opens and reads links (TCP, or memory on simulated time)."""
         self.stage = stage
-        self.index = stage_index
-        self.n_stages = n_stages
-        self.compute_s = compute_ms / 1e3  # already dilated by the launcher, as the two below
-        self.per_token_s = per_token_ms / 1e3
-        self.prefill_per_token_s = prefill_ms_per_token / 1e3
-        self.roofline = roofline  # compute from hardware: replaces the three above (StageConfig.cost_ms)
-        self.batching = batching
-        self.codec = codec or wire.WireConfig()  # how hidden states go on the wire; they arrive as float32
-        self.kv_ship = kv_ship
-        self.tp = tp or TPConfig()  # parallel = "tp": the all-reduce agents.modes.tp runs over these links
+        self.spec = spec
+        self.index = spec.stage
+        self.n_stages = spec.n_stages
+        self.compute_s = spec.compute_ms / 1e3  # already dilated by the launcher, as the two below
+        self.per_token_s = spec.per_token_ms / 1e3
+        self.prefill_per_token_s = spec.prefill_ms_per_token / 1e3
+        self.roofline = spec.roofline  # compute from hardware: replaces the three above (StageConfig.cost_ms)
+        self.batching = spec.decode.batching
+        self.codec = spec.wire  # how hidden states go on the wire; they arrive as float32
+        self.kv_ship = spec.kv_ship
+        self.tp = spec.tp  # parallel = "tp": the all-reduce agents.modes.tp runs over these links
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
         # scenario's time (the box's / D) they take what they took (testbed.run.dilation).
-        self.dilation = dilation
-        self.mode = mode
+        self.dilation = spec.dilation
+        self.mode = spec.decode.mode
         self.report_event = report
         self.clock = clock
-        self.transport = transport  # how links are opened and read (testbed.core.transport): TCP, or memory on simulated time
+        self.transport = transport
         self.log = log
-        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES + streams)
+        frames = INBOX_FRAMES + spec.decode.streams
+        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[wire.Frame, float]](frames)
         # edge clients' frames (wire.SIDE_KINDS) wait here, apart from the ring's (agents.modes.dsd)
         self.side_send, self.side = trio.open_memory_channel[tuple[wire.Frame, float]](INBOX_FRAMES * 4)
         self.peers: dict[int, trio.abc.Stream] = {}
         self.lap_no = 0
-        self.lap_timeout_s = LAP_TIMEOUT_S
+        self.lap_timeout_s = spec.lap_timeout_s
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
         # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
         self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
-        self.admission = Admission(stage, stage_index)  # in serve(), a frame that does not fit is refused on arrival
+        self.admission = Admission(stage, spec.stage)  # in serve(), a frame that does not fit is refused on arrival
 
     def cost_s(self, n_tok: int = 1, batch: int = 1, pos: float | None = None) -> float:
         """Emulated compute of a pass over n_tok positions of `batch` streams from position `pos` (their mean; None:
