@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -105,6 +106,37 @@ def test_a_bench_run_has_its_section_in_the_report(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**BENCH, "overhead": {"netem": {"ratio": -1}}}))
     assert report.main([str(bad), "--out", str(tmp_path / "out2")]) == 2
+
+
+def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_section(tmp_path):
+    """What `make report` does: every JSON in results/ (a file per study, as each command writes it; the run
+    summaries and the sweep's list of them too) -> one report with every study's section and every figure."""
+    from tests.test_report import DATA, codec_rows, dsd_result, place_result, tp_result, tree_result
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("summary-plain.json", "summary-speculative.json", "summary-streams.json", "summary-sweep.json",
+                 "regimes-small.json"):
+        (results / name).write_text((DATA / name).read_text(encoding="utf-8"), encoding="utf-8")
+    written = {"place": place_result(), "tp": tp_result(), "tree": tree_result(), "dsd": dsd_result(),
+               "whatif": testbed.whatif(model="llama-3.1-8b", hardware="h100-sxm", regions="ireland,virginia"),
+               "reproduce": testbed.reproduce()}
+    for name, result in written.items():
+        (results / f"{name}.json").write_text(result.to_json(), encoding="utf-8")
+    (results / "codecs.json").write_text(json.dumps([row.to_dict() for row in codec_rows()]), encoding="utf-8")
+    (results / "faults-geo-ring.json").write_text(json.dumps(FAULTS), encoding="utf-8")
+    (results / "bench.json").write_text(json.dumps(BENCH), encoding="utf-8")
+    out = tmp_path / "report"
+    assert report.main([str(results), "--out", str(out)]) == 0
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    for name, study in STUDIES.items():
+        if study.report is not None:
+            assert f"\n## {study.report.title}\n" in markdown, name
+            assert f" 0 {study.report.noun}" not in markdown.splitlines()[2], name  # the opening count
+    sweep_runs = len(json.loads((DATA / "summary-sweep.json").read_text(encoding="utf-8")))  # a list of them
+    assert markdown.splitlines()[2].startswith(f"{3 + sweep_runs} run summaries")
+    for figure in re.findall(r"!\[[^]]*\]\(([^)]+)\)", markdown):
+        assert (out / figure).stat().st_size > 0, figure
 
 
 def test_every_study_s_bench_row_runs_and_meets_its_prediction_on_virtual_time():

@@ -32,3 +32,9 @@ def decode_lap_kinds() -> tuple[str, ...]:
 def parts(role: str) -> list:
     """Every registered mode's `role` module (ModeInfo.part) that exists, in registry order."""
     return [module for module in (info.part(role) for info in MODES.values()) if module is not None]
+
+
+def per_stream(mode: str) -> bool:
+    """Laps of this mode keep each stream's tokens and feed the per-stream figures (ModeInfo.per_stream)."""
+    info = MODES.get(mode)
+    return info is not None and info.per_stream

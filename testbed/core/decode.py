@@ -151,8 +151,8 @@ class ModeInfo:
     spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
     drafts: bool = False  # it drafts with decode.draft (the scenario's model section checks the draft)
     # A run longer than the run log's window (testbed.run.summarize.mode_summary): a summary module with
-    # summarize_totals reads LapTotals over every lap ((totals, scenario) -> its part); without it, its summarize
-    # reads the window's laps, with these fields of its part (field, lap kind) counted over the whole run.
+    # summarize_totals reads its metrics part's sums over every lap ((run log, scenario) -> its part); without it,
+    # its summarize reads the window's laps, with these fields of its part (field, lap kind) counted over the run.
     window_counts: tuple[tuple[str, str], ...] = ()
     # several sequences in flight: the run log keeps each one's tokens and a window of their decode laps, and the
     # collector exports the streams gauges over it (testbed.run.runlog, testbed.run.collector)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agents.modes import decode_lap_kinds
-from agents.modes.speculative.facts import SpecRound
 from testbed.core.records import LapRecord
 
 DECODE_KINDS = decode_lap_kinds()  # laps that produce decode tokens (prefill and probes do not): the modes' lap_kind
@@ -83,54 +82,6 @@ class MeanTotal:
         return self.total / self.count if self.count else None
 
 
-@dataclass
-class RoundTotals:
-    """Speculation rounds (all of a run's, or those at one K): the sums their rates are figured from."""
-
-    rounds: int = 0
-    tokens: int = 0
-    drafted: int = 0  # sum of K over the rounds
-    draft_s: float = 0.0
-    compute_s: float = 0.0
-    duration_s: float = 0.0
-
-    def add(self, lap: LapRecord, compute_s: float) -> None:
-        self.rounds += 1
-        self.tokens += lap.tokens
-        self.drafted += lap.facts.k
-        self.draft_s += lap.facts.draft_s
-        self.compute_s += compute_s
-        self.duration_s += lap.duration_s
-
-
-@dataclass
-class SpecTotals:
-    """Every speculation round of a run (laps of kind "spec"), for agents.modes.speculative.summary.summarize_totals."""
-
-    overall: RoundTotals = field(default_factory=RoundTotals)
-    by_k: dict[int, RoundTotals] = field(default_factory=dict)
-    overlap_sum: float = 0.0
-    accepted: int = 0
-    drafted_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    last_round: SpecRound | None = None  # the latest round's facts (its K, draft, k_auto)
-
-    def add(self, lap: LapRecord, compute_s: float) -> None:
-        k, accepted = lap.facts.k, lap.facts.accepted
-        self.overall.add(lap, compute_s)
-        self.by_k.setdefault(k, RoundTotals()).add(lap, compute_s)
-        self.overlap_sum += lap.facts.overlap_sum
-        self.accepted += accepted
-        if k > len(self.drafted_per_position):
-            grow = k - len(self.drafted_per_position)
-            self.drafted_per_position += [0] * grow
-            self.accepted_per_position += [0] * grow
-        for i in range(k):
-            self.drafted_per_position[i] += 1
-            self.accepted_per_position[i] += int(i < accepted)
-        self.last_round = lap.facts
-
-
 class LapTotals:
     """What summarize() takes from every lap of a run, updated per lap in O(stages + hops)."""
 
@@ -146,7 +97,6 @@ class LapTotals:
         self.stage_real: list[MeanTotal] = []
         self.stage_row_lengths: set[int] = set()
         self.residual = MeanTotal()  # lap time beyond compute, hops and drafting, per decode lap
-        self.spec = SpecTotals()
 
     def add(self, lap: LapRecord, hops_s: list[float], hop_bytes: list[int], compute: list[float],
             real: list[float], n: int = 1) -> None:
@@ -175,9 +125,6 @@ class LapTotals:
             self.stage_real[i].add(r, n)
         compute_s = sum(compute)
         self.residual.add(lap.duration_s - compute_s - sum(hops_s) - lap.draft_s, n)
-        if lap.kind == "spec":
-            for _ in range(n):
-                self.spec.add(lap, compute_s)
 
     def hop_percentiles_ms(self, hop: int, qs: list[float]) -> list[float | None]:
         """A hop's latency percentiles in ms over the decode laps that crossed the ring (else over every lap)."""

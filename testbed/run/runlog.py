@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TYPE_CHECKING
 
-from agents.modes import MODES, parts
+from agents.modes import MODES, parts, per_stream
 from testbed.core.facts import PrefillChunk
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import BYTES_PER_MBIT, LapRecord
@@ -151,8 +151,7 @@ class RunLog:
         testbed.core.records.expand_laps): what the stamps say is taken from the first once and counted for each, so
         a batch of M laps costs O(M + stages), not O(M x stages)."""
         first, n = records[0], len(records)
-        info = MODES.get(first.mode)
-        per_stream = info is not None and info.per_stream  # every stream's tokens kept (the streams summary's texts)
+        keep_streams = per_stream(first.mode)  # every stream's tokens kept (the streams summary's texts)
         self.laps.extend(records)
         self.lap_count += n
         for record in records:
@@ -162,7 +161,7 @@ class RunLog:
                 self.trace.add(record, self.scenario, phase=f"{self.scenario.name} {record.mode}")
             if record.kind == "prefill" and not self._first_prompt_done():
                 self.first_prompt.append(record)
-            if per_stream:
+            if keep_streams:
                 self.stream_ids.setdefault(record.stream, []).extend(record.ids)
             if record.stream == 0:  # the run's text is the first stream's (the streams summary has every stream's)
                 self.token_ids.extend(record.ids)

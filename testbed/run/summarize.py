@@ -114,13 +114,13 @@ def mode_summary(log: RunLog):
     """The decode mode's own part of the summary (None for a mode without one)."""
     sc = log.scenario
     info = MODES[sc.decode.mode]
-    summary = info.part("summary")  # its module: summarize(laps, scenario), maybe summarize_totals(totals, scenario)
+    summary = info.part("summary")  # its module: summarize(laps, scenario), maybe summarize_totals(log, scenario)
     if summary is None:
         return None
     if log.complete:
         return summary.summarize(list(log.laps), sc)
     if hasattr(summary, "summarize_totals"):
-        return summary.summarize_totals(log.totals, sc)
+        return summary.summarize_totals(log, sc)
     part = summary.summarize(list(log.laps), sc)
     if part is None:
         return None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from agents.modes.speculative.facts import SpecRound
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.run.histogram import RunningHistogram, merge
@@ -16,45 +17,76 @@ from testbed.scenario.config import Scenario
 SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
 
 
+@dataclass
+class RoundTotals:
+    """Speculation rounds (all of a phase's, or those at one K): the sums their rates are figured from."""
+
+    rounds: int = 0
+    tokens: int = 0  # tokens the rounds produced (accepted drafts + one each)
+    drafted: int = 0  # sum of K over the rounds
+    draft_s: float = 0.0
+    compute_s: float = 0.0
+    duration_s: float = 0.0
+
+    def add(self, lap: LapRecord, compute_s: float) -> None:
+        self.rounds += 1
+        self.tokens += lap.tokens
+        self.drafted += lap.facts.k
+        self.draft_s += lap.facts.draft_s
+        self.compute_s += compute_s
+        self.duration_s += lap.duration_s
+
+
 class SpecRounds:
-    """Every speculation round of a phase (laps of kind "spec": the speculative mode's, an edge client's), running."""
+    """Every speculation round of a phase (laps of kind "spec": the speculative mode's, an edge client's), running:
+    what the Prometheus families export, and what summary.summarize_totals reads past the run log's window."""
 
     name = "spec"
 
     def __init__(self, scenario: Scenario, lap_buckets: tuple[float, ...], compute_buckets: tuple[float, ...]) -> None:
-        self.rounds = 0
-        self.draft_tokens = 0
+        self.overall = RoundTotals()
+        self.by_k: dict[int, RoundTotals] = {}
         self.accepted_tokens = 0
-        self.tokens = 0  # tokens the rounds produced (accepted drafts + one each)
         self.overlap_sum = 0.0
-        self.accepted_per_position = [0] * SPEC_MAX_POSITIONS
+        self.drafted_per_position: list[int] = []  # rounds that drafted a token at each position (0-based)
+        self.accepted_per_position: list[int] = []  # ... and had it accepted
         self.draft_seconds = RunningHistogram(lap_buckets)
-        self.last_k: int | None = None
-        self.draft_s_sum = 0.0
-        self.compute_s_sum = 0.0
-        self.k_counts: collections.Counter[int] = collections.Counter()  # rounds at each K
+        self.last_round: SpecRound | None = None  # the latest round's facts (its K, draft, k_auto)
 
     def add(self, records: list[LapRecord], compute: list[float], decode: bool) -> None:
         """Laps of the run (RunLog.add_laps; rounds when their kind is "spec": one at a time, never batched)."""
         for record in records:
-            self._add(record, compute)
+            if record.kind == "spec":
+                self._add(record, sum(compute))
 
-    def _add(self, record: LapRecord, compute: list[float]) -> None:
-        if record.kind != "spec":
-            return
+    def _add(self, record: LapRecord, compute_s: float) -> None:
         facts = record.facts
-        self.rounds += 1
-        self.draft_tokens += facts.k
+        self.overall.add(record, compute_s)
+        self.by_k.setdefault(facts.k, RoundTotals()).add(record, compute_s)
         self.accepted_tokens += facts.accepted
-        self.tokens += record.tokens
         self.overlap_sum += facts.overlap_sum
-        for position in range(min(facts.accepted, SPEC_MAX_POSITIONS)):
-            self.accepted_per_position[position] += 1
+        if facts.k > len(self.drafted_per_position):
+            grow = facts.k - len(self.drafted_per_position)
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for position in range(facts.k):
+            self.drafted_per_position[position] += 1
+            self.accepted_per_position[position] += int(position < facts.accepted)
         self.draft_seconds.observe(facts.draft_s)
-        self.last_k = facts.k
-        self.draft_s_sum += facts.draft_s
-        self.compute_s_sum += sum(compute)
-        self.k_counts[facts.k] += 1
+        self.last_round = facts
+
+    @property
+    def rounds(self) -> int:
+        return self.overall.rounds
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.overall.drafted
+
+    @property
+    def k_counts(self) -> dict[int, int]:
+        """Rounds at each K."""
+        return {k: totals.rounds for k, totals in self.by_k.items()}
 
     @property
     def alpha(self) -> float | None:
@@ -62,7 +94,7 @@ class SpecRounds:
 
     @property
     def gamma_measured(self) -> float | None:
-        return self.tokens / self.rounds if self.rounds else None
+        return self.overall.tokens / self.rounds if self.rounds else None
 
     def gamma_predicted(self) -> float | None:
         """Gamma(alpha_hat, K) averaged over the rounds' K (seed 000, Eq. 6)."""
@@ -74,11 +106,12 @@ class SpecRounds:
     def predicted_tok_s(self, log: Any) -> float | None:
         """r_spec = Gamma / (K c_d + C + T_ring) with the measured Gamma, K c_d and C (seed 000, Eq. 7), once there
         are rounds: the run's headline prediction (testbed.run.predict)."""
-        if not self.rounds:
+        totals = self.overall
+        if not totals.rounds:
             return None
-        n = self.rounds
-        return (self.tokens / n) / (self.draft_s_sum / n + self.compute_s_sum / n + log.scenario.t_ring_s
-                                    + log.serialization_s)
+        n = totals.rounds
+        return (totals.tokens / n) / (totals.draft_s / n + totals.compute_s / n + log.scenario.t_ring_s
+                                      + log.serialization_s)
 
     @staticmethod
     def metrics(logs: Sequence[Any], current: Any) -> Iterator[Metric]:
@@ -94,7 +127,8 @@ class SpecRounds:
                                            "Draft tokens accepted at each position of the round (0-based)",
                                            labels=["position"])
         for position in range(SPEC_MAX_POSITIONS):
-            per_position.add_metric([str(position)], sum(part.accepted_per_position[position] for part in parts))
+            per_position.add_metric([str(position)], sum(part.accepted_per_position[position] for part in parts
+                                                         if position < len(part.accepted_per_position)))
         yield per_position
         buckets, total = merge([part.draft_seconds for part in parts])
         draft = HistogramMetricFamily("testbed_spec_draft_seconds",
@@ -111,7 +145,7 @@ class SpecRounds:
             alpha.add_metric([], now.alpha)
             gamma.add_metric(["measured"], now.gamma_measured)
             gamma.add_metric(["predicted"], now.gamma_predicted())
-            k.add_metric([], now.last_k)
+            k.add_metric([], now.last_round.k)
         yield from (alpha, gamma, k)
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from agents.modes.speculative.facts import PerKRow, SpecRates, SpecRound, SpecSummary
+from agents.modes.speculative.metrics import RoundTotals, SpecRounds
 from testbed.core import physics
-from testbed.core.lapstats import LapTotals, RoundTotals
 from testbed.core.records import LapRecord
 from testbed.scenario.config import Scenario
 
@@ -66,9 +66,10 @@ def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary | No
                          drafted_per_pos=drafted_per_pos, accepted_per_pos=accepted_per_pos)
 
 
-def summarize_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary | None:
-    """summarize over every round of a run longer than the run log's window, from its running totals."""
-    spec = totals.spec
+def summarize_totals(log, scenario: Scenario) -> SpecSummary | None:
+    """summarize over every round of a run longer than the run log's window (testbed.run.runlog.RunLog), from its
+    running part (metrics.SpecRounds)."""
+    spec: SpecRounds = log.parts[SpecRounds.name]
     if not spec.overall.rounds:
         return None
     alpha = spec.overlap_sum / spec.overall.drafted
@@ -78,7 +79,7 @@ def summarize_totals(totals: LapTotals, scenario: Scenario) -> SpecSummary | Non
                               t_ring)
     by_k = {k: rate_figures_of(spec.by_k[k], physics.gamma_mean(alpha, {k: 1}), t_ring) for k in sorted(spec.by_k)}
     return _spec_summary(scenario, overall, by_k, alpha, spec.last_round, k_mean=spec.overall.drafted / spec.overall.rounds,
-                         drafted=spec.overall.drafted, accepted=spec.accepted,
+                         drafted=spec.overall.drafted, accepted=spec.accepted_tokens,
                          drafted_per_pos=spec.drafted_per_position, accepted_per_pos=spec.accepted_per_position)
 
 

@@ -15,19 +15,13 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from agents.modes import MODES
+from agents.modes import per_stream
 from agents.modes.streams.summary import predicted_rates
 from testbed.core.records import LapRecord, alike_runs
 from testbed.run.histogram import RunningHistogram, merge, rate_buckets
 from testbed.scenario.config import Scenario
 
 STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
-
-
-def per_stream(mode: str) -> bool:
-    """Laps of this mode feed the per-stream figures (ModeInfo.per_stream)."""
-    info = MODES.get(mode)
-    return info is not None and info.per_stream
 
 
 @dataclass(frozen=True)
