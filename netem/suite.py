@@ -25,10 +25,11 @@ import tempfile
 
 SUITE_TIMEOUT_S = 2700  # a guest: the whole suite in one took 16.5-19.6 min on a slow 2-core VM; two take ~5 min each
 REQUIRE_ENV = "GEO_RING_REQUIRE_NETEM"
-# About half the suite's time inside UML. Measured side by side on a fresh clone (71bd601): this group 214 s (the
-# egress hosts 80 s, the geometry's warm and cold runs 70 s, the schedule 21 s, kernel the rest), the other 168 s
-# (the ring fixtures 35 + 28 s, loss 28 s, cleanup 3 x 21 s); so the schedule's file runs in the other guest now.
-UML_FIRST_GROUP = ("tests/test_netem_nodes.py", "tests/test_netem_kernel.py", "tests/test_netem_geometry.py")
+# About half the suite's time inside UML (side by side on fresh clones: nodes ~100 s, the geometry's warm and cold
+# runs ~40 s, schedule and kernel the rest of this group's; the other guest's longest are the ring fixtures and the
+# cleanup tests)
+UML_FIRST_GROUP = ("tests/test_netem_nodes.py", "tests/test_netem_schedule.py", "tests/test_netem_kernel.py",
+                   "tests/test_netem_geometry.py")
 
 
 def banner(message: str) -> None:

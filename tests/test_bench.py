@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from testbed.studies.bench.measure import VARIANTS, VARIANTS_BY_SHAPER, RingResult, fidelity_figures, fidelity_table
@@ -42,3 +43,25 @@ def test_netem_rows_skip_compensation():
     console = Console(width=400, record=True)
     console.print(fidelity_table("netem", rows, results))
     assert "auto+comp" not in console.export_text()
+
+
+def test_the_hidden_size_sweep_on_virtual_time_is_eq_1_on_the_wire_and_the_closed_form():
+    """Section 3c's rows on the virtual reference: each hop carries the emulated hidden state (d_model x 2 bytes,
+    bf16) plus the frame's header and stamps, its serialization at the link's rate is in the prediction, and the
+    run meets it to 1e-6 (a real backend's row in the section is its rate against these)."""
+    from agents import wire
+    from testbed.studies.bench.hidden import HIDDEN_RATE_MBIT, HIDDEN_SIZES_QUICK, hidden_sweep
+    from testbed.studies.bench.measure import rows_on
+
+    console = Console(width=400, record=True)
+    rows = hidden_sweep(console, ["virtual"], quick=True, rows_on=rows_on)
+    assert [row["d_model"] for row in rows] == list(HIDDEN_SIZES_QUICK)
+    for row in rows:
+        frame = row["d_model"] * 2 + wire.HEADER.size  # Eq. 1: n_tok x d_model x b, and the frame's header
+        assert frame < row["bytes_per_hop"] <= frame + 3 * wire.STAMP.size  # and a stamp per stage it has passed
+        assert abs(row["virtual_error_pct"]) < 1e-4  # percent: 1e-6 relative
+        assert row["virtual_tok_s"] < 1 / 0.054  # below the unrated row's wall (C = 33 ms, T_ring = 21 ms)
+    wide, narrow = rows[-1], rows[0]
+    extra_s = 3 * (wide["bytes_per_hop"] - narrow["bytes_per_hop"]) / (HIDDEN_RATE_MBIT * 1e6 / 8)
+    assert 1 / wide["virtual_tok_s"] - 1 / narrow["virtual_tok_s"] == pytest.approx(extra_s, rel=1e-6)
+    assert "3c. hidden-size sweep" in console.export_text()

@@ -12,8 +12,9 @@ from testbed.studies.bench import figures, measure
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
     parser.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
-    parser.add_argument("--only", choices=("all", "studies"), default="all",
-                        help="studies: only section 8, one row of every study (default all)")
+    parser.add_argument("--only", choices=("all", "studies", "hidden"), default="all",
+                        help="studies: only section 8, one row of every study; hidden: only section 3c, the "
+                             "hidden-size sweep (default all)")
     parser.add_argument("--json", help="write the figures here")
 
 

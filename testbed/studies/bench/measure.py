@@ -168,30 +168,37 @@ class RingResult:
         return [h.measured_ms_p99 - h.configured_ms for h in self.summary.per_hop if h.measured_ms_p99 is not None]
 
 
-def run_rows(shaper: str, rows: tuple[str, ...], tokens: int) -> list[RingResult]:
-    """Every row in every variant, one after another (each row's variants back to back: same box load)."""
+def run_rows(shaper: str, rows: tuple[str, ...], tokens: int, only: str | None = None) -> list[RingResult]:
+    """Every row in every variant (or the `only` one: a backend without it runs its first), one after another (each
+    row's variants back to back: same box load). A row is a scenario, or "scenario;KEY=VALUE;..." (--set overrides:
+    the hidden-size sweep's rows, testbed.studies.bench.hidden)."""
     from testbed.run.launcher import run_scenario
 
+    variants = VARIANTS_BY_SHAPER.get(shaper, VARIANTS)
+    if only is not None:
+        variants = tuple(v for v in variants if v[0] == only) or variants[:1]
     results = []
-    for name in rows:
-        scenario = load_scenario(name, [f"decode.tokens={tokens}"])
+    for row in rows:
+        name, *overrides = row.split(";")
+        scenario = load_scenario(name, [f"decode.tokens={tokens}", *overrides])
         calibrations: dict = {}  # the row's first dilated variant calibrates (its wall time includes it)
-        for label, dilation, compensate in VARIANTS_BY_SHAPER.get(shaper, VARIANTS):
+        for label, dilation, compensate in variants:
             started = time.monotonic()
             summary = trio.run(lambda sc=scenario, d=dilation, c=compensate: run_scenario(
                 sc, shaper, log=lambda m: None, dilation=d, compensate=c, calibrations=calibrations))
-            results.append(RingResult(shaper, name, label, scenario.t_ring_s, time.monotonic() - started, summary))
+            results.append(RingResult(shaper, row, label, scenario.t_ring_s, time.monotonic() - started, summary))
     return results
 
 
-def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console) -> list[RingResult] | None:
+def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console,
+                       only: str | None = None) -> list[RingResult] | None:
     """Run the netem rows where netem exists: natively, or by re-running this bench inside user-mode-linux."""
     from netem.probe import probe
     from netem.uml import uml_available
 
     caps = probe()
     if caps.has_cap_net_admin and caps.has_netem:
-        return run_rows("netem", rows, tokens)
+        return run_rows("netem", rows, tokens, only)
     ok, reason = uml_available()
     if not ok:
         console.print(f"[yellow]netem backend skipped: {caps.detail}; user-mode-linux unavailable ({reason})")
@@ -201,11 +208,19 @@ def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console) -> 
         out = Path(tmp) / "netem.json"
         status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", str(NETEM_ROWS_TIMEOUT_S), "--",
                                   sys.executable, "-m", "testbed.studies.bench.measure", "--netem-rows-json", str(out),
-                                  "--tokens", str(tokens), *rows])
+                                  "--tokens", str(tokens), *(["--only", only] if only else []), *rows])
         if status != 0 or not out.exists():
             console.print(f"[red]netem rows inside user-mode-linux failed (status {status})")
             return None
         return [RingResult.from_dict(item) for item in json.loads(out.read_text())]
+
+
+def rows_on(shaper: str, rows: tuple[str, ...], tokens: int, console: Console,
+            only: str | None = None) -> list[RingResult] | None:
+    """The rows on one backend: netem where it exists (natively or inside user-mode-linux), else in this process."""
+    if shaper == "netem":
+        return netem_rows_via_uml(rows, tokens, console, only)
+    return run_rows(shaper, rows, tokens, only)
 
 
 def fidelity_figures(r: RingResult) -> dict:
@@ -317,6 +332,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     from testbed.studies.bench.studies import studies_table
     if args.only == "studies":
         return {"studies": studies_table(console, shapers)}
+    from testbed.studies.bench.hidden import hidden_sweep
+    if args.only == "hidden":
+        return {"hidden": hidden_sweep(console, shapers, quick, rows_on)}
     figures: dict = {"fidelity": []}
 
     figures["relay"] = relay_table(console, quick)
@@ -327,7 +345,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     by_shaper: dict[str, list[RingResult]] = {}
     for shaper in shapers:
         console.print(f"running {len(rows)} Table 2 rows on the {shaper} backend ({tokens} tokens each)...")
-        results = netem_rows_via_uml(rows, tokens, console) if shaper == "netem" else run_rows(shaper, rows, tokens)
+        results = rows_on(shaper, rows, tokens, console)
         if results:
             by_shaper[shaper] = results
 
@@ -342,6 +360,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     from testbed.studies.bench.virtual import against_virtual_table, virtual_scale_table
     if "virtual" in by_shaper:
         figures["against_virtual"] = against_virtual_table(console, by_shaper, VARIANTS_BY_SHAPER, VARIANTS)
+        figures["hidden"] = hidden_sweep(console, shapers, quick, rows_on)
     figures["launcher"] = launcher_cost_table(console)
     from testbed.studies.bench.agents import agents_table
     figures["agents"] = agents_table(console)
@@ -364,9 +383,10 @@ def _netem_rows_entry(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--netem-rows-json", required=True)
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--only", help="run only this variant of each row")
     parser.add_argument("rows", nargs="+")
     args = parser.parse_args(argv)
-    results = run_rows("netem", tuple(args.rows), args.tokens)
+    results = run_rows("netem", tuple(args.rows), args.tokens, args.only)
     Path(args.netem_rows_json).write_text(json.dumps([r.to_dict() for r in results]))
     return 0
 
