@@ -47,11 +47,12 @@ def rate_tolerance(n_hops: int, lap_s: float, dilation: float = 1.0, *, real: bo
     return (n_hops * hop + lap) / (lap_s * 1e3 * dilation)
 
 
-def run(scenario: Scenario, shaper: str = "virtual", dilation: float = 1.0):
+def run(scenario: Scenario, shaper: str = "virtual", dilation: float = 1.0, runlog=None):
+    """One run's summary; `runlog` (a testbed.run.runlog.RunLog) keeps its laps for the caller."""
     from testbed.run.launcher import run_scenario
 
     async def main():
         with trio.fail_after(RUN_TIMEOUT_S):
-            return await run_scenario(scenario, shaper, log=lambda m: None, dilation=dilation)
+            return await run_scenario(scenario, shaper, log=lambda m: None, dilation=dilation, runlog=runlog)
 
     return trio.run(main)

@@ -102,6 +102,8 @@ def test_collector_reads_the_logs_at_scrape_time():
         assert p50 * 1e3 == pytest.approx(hop.measured_ms_p50)
         count = registry.get_sample_value("testbed_hop_latency_seconds_count", {"hop": name})
         assert count == LAPS + 10
+        # the quantiles' window is the current phase's decode laps only
+        assert registry.get_sample_value("testbed_hop_latency_window_laps", {"hop": name}) == 10
 
 
 def test_a_mode_s_part_of_the_run_log_comes_with_its_registry_line(monkeypatch):

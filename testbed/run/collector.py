@@ -93,17 +93,21 @@ class RunCollector:
                                     f"recent decode laps (plot and alert on this, not on histogram_quantile)",
                                     labels=["hop"])
             for name, q in QUANTILES.items()}
+        window_laps = GaugeMetricFamily("testbed_hop_latency_window_laps",
+                                        "How many recent decode laps the exact hop-latency quantiles are over",
+                                        labels=["hop"])
         for i, link in enumerate(current.scenario.ring):
             buckets, total = _merge([log.hops[i].latency for log in logs])
             hop_latency.add_metric([link.name], buckets, total)
             hop_bytes.add_metric([link.name], sum(log.hops[i].bytes_total for log in logs))
             configured.add_metric([link.name], link.delay_ms / 1e3)
-            window = current.hops[i].window
+            window = tuple(current.hops[i].window)  # one snapshot: laps go on arriving while Prometheus scrapes
             if window:
-                values = np.percentile(np.fromiter(window, float), list(QUANTILES.values()))
+                values = np.percentile(np.array(window, float), list(QUANTILES.values()))
                 for (name, _q), value in zip(QUANTILES.items(), values):
                     quantile_gauges[name].add_metric([link.name], float(value))
-        yield from (hop_latency, hop_bytes, configured, *quantile_gauges.values())
+                window_laps.add_metric([link.name], len(window))
+        yield from (hop_latency, hop_bytes, configured, *quantile_gauges.values(), window_laps)
 
     def _rates(self, current: RunLog) -> Iterator[Metric]:
         """The wall's figures: measured and predicted rate, T_ring, C."""
