@@ -252,6 +252,7 @@ def test_whatif_links_default_to_one_flow_s_rate_between_regions(tmp_path):
     """A ring's hop is one TCP flow: by default whatif gives every link what the region catalogue says one flow
     between two regions gets (5 Gbps on AWS, sourced); --rate-mbit 0 is unlimited. The 2,048-token prompt's 32 MiB
     hidden state then takes its serialization on each of the three hops."""
+    from agents import wire
     from testbed.deploy.catalog import regions
 
     runs = {}
@@ -264,8 +265,10 @@ def test_whatif_links_default_to_one_flow_s_rate_between_regions(tmp_path):
     assert runs[None]["rate_mbit"] == regions().flow_rate_mbit == 5000.0 and "Gbps" in regions().flow_rate_source
     assert runs["0"]["rate_mbit"] == 0.0
     prompt_bytes = 2048 * 8192 * 2  # P x d_model x bf16
-    serialization = 3 * prompt_bytes / (5000e6 / 8)
-    assert runs[None]["ttft_predicted_s"] - runs["0"]["ttft_predicted_s"] == pytest.approx(serialization, rel=0.01)
+    # each hop's frame: its header and one stamp per stage it has passed (agents.wire), then the hidden state
+    framed = sum(wire.HEADER.size + stamps * wire.STAMP.size + prompt_bytes for stamps in (1, 2, 3))
+    serialization = framed / (5000e6 / 8)
+    assert runs[None]["ttft_predicted_s"] - runs["0"]["ttft_predicted_s"] == pytest.approx(serialization, rel=1e-6)
 
 
 @pytest.mark.parametrize("args, words", [

@@ -103,13 +103,13 @@ def test_at_100_ms_colocated_sd_beats_synchronous_dsd_as_predicted():
     sync = run(api.scenario("edge-cloud", overrides=tokens), dilation=DILATION)
     d = sync.dsd
     assert sync.token_ids[:16] == colocated.token_ids[:16] == plain.token_ids[:16]  # the exact rule, greedy
-    # the issue's 5%: measured ~+2% at D = 2 (per round: two edge hops, the entry's hand-off and K draft wake-ups)
-    assert d.request_ms == pytest.approx(d.predicted_request_ms, rel=0.05)
+    # the issue asked 5% (real time measured ~+2% at D = 2); on the virtual clock each holds to 1e-6
+    assert d.request_ms == pytest.approx(d.predicted_request_ms, rel=1e-6)
     measured, predicted = colocated_request(colocated, 0.100)
-    assert measured == pytest.approx(predicted, rel=0.05)
+    assert measured == pytest.approx(predicted, rel=1e-6)
     assert measured * 1e3 < d.request_ms and predicted * 1e3 < d.predicted_request_ms
     ar, ar_predicted = autoregressive_request(plain, 0.100)
-    assert ar == pytest.approx(ar_predicted, rel=0.05)
+    assert ar == pytest.approx(ar_predicted, rel=1e-6)
     assert d.alpha_hat is not None and 0.5 < d.alpha_hat <= 1.0
 
 
@@ -146,7 +146,7 @@ def test_offloading_the_draft_multiplies_the_server_capacity():
     assert dsd.server_busy > 0.8
     measured = dsd.aggregate_tok_s / colocated.spec.measured_tok_s
     predicted = physics.capacity_multiplier(K, dsd.draft_ms_per_token / 1e3, dsd.verify_ms / 1e3)
-    assert measured == pytest.approx(predicted, rel=0.10)
+    assert measured == pytest.approx(predicted, rel=1e-6)
 
 
 def test_the_window_where_dsd_beats_autoregressive_decoding():

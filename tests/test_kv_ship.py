@@ -49,5 +49,5 @@ def test_shipping_kv_costs_its_bytes_at_the_link_rate():
                                                        / (lap_ms * DILATION))
     # the prompt's KV at 10 Mbit/s over three hops: 3 x 131 kB x 8 / 10 Mbit/s = 315 ms more to the first token
     extra = 3 * kv_bytes(PROMPT) * 8 / 10e6
-    assert ship.ttft.measured_s - local.ttft.measured_s == pytest.approx(extra, rel=0.05)
-    assert ship.serialization_s - local.serialization_s == pytest.approx(3 * kv_bytes(1) * 8 / 10e6, rel=0.01)
+    assert ship.ttft.measured_s - local.ttft.measured_s == pytest.approx(extra, rel=1e-6)
+    assert ship.serialization_s - local.serialization_s == pytest.approx(3 * kv_bytes(1) * 8 / 10e6, rel=1e-6)
