@@ -50,6 +50,7 @@ OVERHEAD_MS = 3.0
 WIRE_OVERHEAD = (MTU_BYTES - 40 - 12) / (MTU_BYTES + 14)  # TCP/IP/options headers + Ethernet per MSS
 HEADER = struct.Struct("<QI")  # send time (ns), payload length
 IO_TIMEOUT_S = 20.0
+JITTER_SAMPLES = 600  # test_normal_jitter_has_the_configured_spread: its bound is 4.2 standard errors wide
 
 
 
@@ -219,13 +220,17 @@ async def test_normal_jitter_has_the_configured_spread():
     Host noise only ever adds delay (measured here inside user-mode-linux: +0.3 ms at p10 up to
     +0.6 ms at p90 on an unjittered link, more when the machine is busy), which widens the upper
     half of the distribution. So: the lower tail must reach below delay - 1.75 sigma, which a
-    uniform +-jitter never does (and a normal does with 400 samples all but surely), and the spread
-    from the interquartile range (IQR / 1.349: 1.0 x jitter for a normal, 0.74 x for the uniform)
-    must sit between 0.9 x and a noise-widened 1.6 x.
+    uniform +-jitter never does (and a normal does with 600 samples all but surely: 1 - 0.96^600), and
+    the spread from the interquartile range (IQR / 1.349: 1.0 x jitter for a normal, 0.74 x for the
+    uniform) must sit between 0.8 x (a sigma half the configured one fails it) and a noise-widened 1.6 x.
+    The IQR's sigma has a standard error of 0.047 sigma at 600 samples (the quantiles' asymptotic
+    variance): 0.8 is 4.2 of them below 1.0 (a fresh clone's CI once measured 0.8905 with 400 samples
+    against the 0.9 it had then, 1.9 standard errors of 400 samples below 1.0, and the kernel's netem
+    before 6.4 draws from its own PRNG, not our seed).
     """
     link = next(l for l in LINKS if (l.src, l.dst) == (0, 2))  # 7 ms, jitter 1 ms, normal, FIFO
     async with KernelShaper(LINKS, 3, fresh_run_id()) as shaper:
-        delays = await one_way_delays_ms(shaper, 0, 2, 100, 400)
+        delays = await one_way_delays_ms(shaper, 0, 2, 100, JITTER_SAMPLES)
     p25, p50, p75 = statistics.quantiles(delays, n=4)
     sigma_iqr = (p75 - p25) / 1.349
     print(f"link {link.name}: one-way p50 {p50:.3f} ms, min {min(delays):.3f} ms, sigma from IQR "
@@ -234,7 +239,7 @@ async def test_normal_jitter_has_the_configured_spread():
           f"{0.741 * link.jitter_ms:.3f} and never go below {link.delay_ms - link.jitter_ms} ms)")
     assert abs(p50 - link.delay_ms) <= OVERHEAD_MS / 2
     assert min(delays) < link.delay_ms - 1.75 * link.jitter_ms
-    assert 0.9 * link.jitter_ms <= sigma_iqr <= 1.6 * link.jitter_ms
+    assert 0.8 * link.jitter_ms <= sigma_iqr <= 1.6 * link.jitter_ms
 
 
 async def test_agent_prefix_enters_the_namespace_and_keeps_fds_and_env():
