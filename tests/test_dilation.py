@@ -24,8 +24,7 @@ from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TA
                               calibration_from, calibration_scenario, choose, lap_floor_s, parse_budget, parse_dilation,
                               resolve)
 from testbed.core.lapstats import DECODE_KINDS
-from testbed.core.records import LapRecord
-from testbed.run.runlog import RunLog
+from testbed.run.runlog import RunLog, read_lap_log
 from testbed.run.summarize import summarize
 from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
 from tests.ringutil import REAL_HOP_OVERHEAD_BUDGET_MS, rate_tolerance, ring_scenario, run
@@ -309,7 +308,7 @@ def metro(tmp_path_factory):
     scenario = ring_scenario(METRO_HOPS_MS, compute_ms=11.0, tokens=24)
     lap_log = tmp_path_factory.mktemp("metro") / "laps.jsonl"
     dilated = run_dilated(scenario, DILATION, lap_log=lap_log)
-    laps = [LapRecord.from_json(line) for line in lap_log.read_text().splitlines()]
+    laps = read_lap_log(lap_log)
     return scenario, run(scenario, "userspace"), dilated, [lap for lap in laps if lap.kind in DECODE_KINDS]
 
 

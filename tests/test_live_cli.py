@@ -163,12 +163,12 @@ def test_grafana_hop_latency_quantiles_match_the_runs_own_figures(live_run):
     first `testbed_hop_latency_window_laps` decode laps, and the run's JSON those of all of them (one late slow lap
     moves a p99 over ~70 laps by ms), each recomputed here from the lap log."""
     from testbed.core.lapstats import DECODE_KINDS
-    from testbed.core.records import LapRecord
+    from testbed.run.runlog import read_lap_log
 
     assert live_run.exit_code == 0, live_run.text[-3000:]
     assert live_run.empty == [], live_run.empty  # None: the speculative phase was never scraped
     summary = json.loads((live_run.json_dir / "geo-speculative.json").read_text())
-    laps = [LapRecord.from_json(line) for line in live_run.lap_log.read_text().splitlines()]
+    laps = read_lap_log(live_run.lap_log)
     hops = [lap.hop_latencies_s() for lap in laps
             if lap.mode == "speculative" and lap.kind in DECODE_KINDS and len(lap.stamps) > 1]
     last = live_run.last

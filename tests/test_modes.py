@@ -12,10 +12,9 @@ from prometheus_client import CollectorRegistry
 
 import agents.modes
 from testbed.core.errors import ConfigError
-from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
 from testbed.run.collector import RunCollector
-from testbed.run.runlog import RunLog
+from testbed.run.runlog import RunLog, read_lap_log
 from tests import echo_mode
 from tests.echo_mode.facts import Echoed, EchoSummary
 from tests.ringutil import RUN_TIMEOUT_S, ring_scenario
@@ -52,7 +51,7 @@ def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(ec
     assert summary.mode == "echo" and summary.text == PROMPT  # the ring carried every byte back in order
     assert summary.tokens == summary.laps == len(PROMPT)
     assert summary.measured_tok_s == pytest.approx(1 / (scenario.emulated_compute_s + scenario.t_ring_s), rel=1e-6)
-    laps = [LapRecord.from_json(line) for line in (tmp_path / "laps.jsonl").read_text().splitlines()]
+    laps = read_lap_log(tmp_path / "laps.jsonl")
     echoed = [lap.facts for lap in laps if lap.kind == "decode"]
     assert echoed == [Echoed(i, byte) for i, byte in enumerate(PROMPT.encode())]
     registry = CollectorRegistry()

@@ -14,7 +14,7 @@ from agents.modes.speculative.facts import SpecRound
 from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
-from testbed.run.runlog import RunLog, latency_buckets
+from testbed.run.runlog import RunLog, latency_buckets, read_lap_log
 from testbed.run.summarize import summarize
 from tests.fakes import (HOP_DELAYS_S, HOP_OVERHEAD_S, HOPS, SPEC_ACCEPTED, SPEC_DRAFT_S, SPEC_K, STAGE_COMPUTE_S,
                          fake_lap, fake_scenario)
@@ -191,7 +191,7 @@ def test_every_lap_is_streamed_to_the_lap_log(tmp_path):
     path = tmp_path / "laps.jsonl"
     log = varied("plain", 100, window_laps=16, lap_log=path)
     log.close()
-    records = [LapRecord.from_json(line) for line in path.read_text().splitlines()]
+    records = read_lap_log(path)
     assert len(records) == log.lap_count == 102 and records[-16:] == list(log.laps)
     assert [r.kind for r in records[:3]] == ["prefill", "prefill", "decode"]
 

@@ -30,6 +30,11 @@ MAX_HISTORY_POINTS = 2000  # (and at most the window: every per-lap buffer is fu
 QUANTILE_WINDOW_LAPS = 4096  # exact per-hop quantiles are over this many recent decode laps (at most the window)
 
 
+def read_lap_log(path: Path) -> list[LapRecord]:
+    """Every lap a run streamed to `path` (RunLog's lap_log, the CLI's --lap-log), in the order it was added."""
+    return [LapRecord.from_json(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
 def lap_parts() -> list[type]:
     """Every registered mode's run-log part (its metrics module's PART), fed every lap; the collector asks each for
     its Prometheus families. A part has a `name` (its key in RunLog.parts), `__init__(scenario, lap_buckets,
