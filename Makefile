@@ -38,7 +38,7 @@ geo-ring: $(STAMP)
 # kernel (netem natively where the kernel has sch_netem and we are root, else inside user-mode-linux, else a
 # loud skip).
 test: $(STAMP)
-	$(PY) -m agents.train
+	$(PY) -m agents.zoo.train
 	$(PY) -m tests.tiers --exact-args="$(EXACT_ARGS)" $(PYTEST_ARGS)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 

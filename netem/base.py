@@ -73,7 +73,7 @@ class Shaper(abc.ABC):
     clock: Clock = MONOTONIC
     # Its links are the kernel's TCP over the delay (netem): a connection's receive window starts at most 64 KiB
     # (Linux caps the first one at U16_MAX whatever initrwnd and tcp_rmem say) and grows a round trip at a time,
-    # so the entry warms every hop with one prompt-sized frame before the first lap (agents.ring.RingClient.warm).
+    # so the entry warms every hop with one prompt-sized frame before the first lap (agents.process.ring.RingClient.warm).
     warm_windows: bool = False
 
     @property

@@ -6,7 +6,7 @@ Life cycle (see netem/base.py)::
     shaper.plan_lines()                                 # the same plan as ip/tc commands, applies nothing
     async with shaper:                                  # namespaces, veths, addresses, sysctls, netem
         shaper.agent_netns(stage)                       # the fork server's child enters it (setns), or
-        argv = shaper.agent_command_prefix(stage) + [sys.executable, "-m", "agents.agent", ...]
+        argv = shaper.agent_command_prefix(stage) + [sys.executable, "-m", "agents.process.agent", ...]
         ...                                             # agents bind 0.0.0.0:0 in their namespace
         peers = await shaper.connect(listen)            # {(src, dst): (dst's address on the pair, port)}
     # every namespace (and with it every veth and qdisc) is gone, on every exit path

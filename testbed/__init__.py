@@ -1,29 +1,14 @@
-"""geo-ring testbed: scenarios, launcher, physics, metrics, CLI, and the Python API (`testbed.run`, `testbed.sweep`,
-and every study by name: `testbed.regimes(...)`, `testbed.faults(...)`, ... from testbed.studies.STUDIES)."""
+"""geo-ring: a one-box testbed that measures the latency physics of geo-distributed pipeline decode.
 
+The Python API (testbed.api, imported here): `run` one scenario, `sweep` K in one run, `study` any study by name,
+each built-in study by its own name (`regimes`, `faults`, `whatif`, ...); and the errors they raise. No public name
+is also a module's or a subpackage's (tests/test_api.py): `testbed.run` is always this function.
+"""
+
+from testbed.api import (bench, codecs, dsd, faults, place, regimes, reproduce, run, study, sweep, sweep_k,
+                         tp, tree, whatif)
 from testbed.core.errors import AgentFailed, ConfigError, LinkBroken, PeerTimeout, ShapingError, TestbedError, WireError
 
-__all__ = ["AgentFailed", "ConfigError", "LinkBroken", "PeerTimeout", "ShapingError", "TestbedError", "WireError",
-           "run", "study", "sweep"]
-
-
-def __getattr__(name: str):
-    # Lazy: `import testbed.core` must not pull in the launcher, torch or rich. A submodule's name is left to the
-    # import system (`from testbed import api` asks here first).
-    import importlib
-    import importlib.util
-
-    if name.startswith("_") or importlib.util.find_spec(f"testbed.{name}") is not None:
-        raise AttributeError(f"module 'testbed' has no attribute {name!r}")
-    api = importlib.import_module("testbed.api")
-    if name in ("run", "sweep", "study"):
-        return getattr(api, name)
-    studies = importlib.import_module("testbed.studies").STUDIES
-    if name in studies:
-        def run_study(scenario_name: str | None = None, **options):
-            return api.study(name, scenario_name, **options)
-
-        run_study.__name__ = run_study.__qualname__ = name
-        run_study.__doc__ = f"{studies[name].help} (testbed.api.study({name!r}, ...))"
-        return run_study
-    raise AttributeError(f"module 'testbed' has no attribute {name!r}")
+__all__ = ["run", "sweep", "study",
+           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "faults", "whatif", "reproduce", "bench",
+           "AgentFailed", "ConfigError", "LinkBroken", "PeerTimeout", "ShapingError", "TestbedError", "WireError"]

@@ -17,7 +17,7 @@ from testbed import api
 from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
 from testbed.report.build import main as report_main
-from testbed.run.trace import tracing
+from testbed.launch.trace import tracing
 from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.studies import STUDIES
 from testbed.studies.base import add_run_options, add_trace_option
@@ -39,10 +39,10 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
 
     launch(scenario, runlog, log) -> a launcher replaces this box's (testbed.hosts.node: one node of several hosts).
     """
-    from testbed.run.collector import RunCollector
-    from testbed.run.launcher import Launcher, prepare
-    from testbed.run.runlog import RunLog
-    from testbed.run.summarize import summarize
+    from testbed.launch.collector import RunCollector
+    from testbed.launch.launcher import Launcher, prepare
+    from testbed.launch.runlog import RunLog
+    from testbed.launch.summarize import summarize
 
     logs: list[RunLog] = []
     url = _serve_metrics(RunCollector(lambda: logs), metrics_port, console)
@@ -90,7 +90,7 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
 
 def _serve_metrics(collector, metrics_port: int, console: Console) -> str:
     """The run's Prometheus exporter on 127.0.0.1:metrics_port (0: any free port); its URL."""
-    from testbed.run.collector import serve
+    from testbed.launch.collector import serve
 
     registry = CollectorRegistry()
     registry.register(collector)
@@ -153,10 +153,10 @@ def write_json(path: Path, summary: RunSummary) -> None:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     """What a run would set up, applied nowhere: the stage layout, then the shaper's commands or link timings."""
-    from agents.configs import model_config
+    from agents.zoo.configs import model_config
     from netem.base import ShaperOptions
     from netem.select import plan_lines
-    from testbed.run.launcher import new_run_id
+    from testbed.launch.launcher import new_run_id
 
     scenario = scenario_from_args(args)
     ranges = scenario.layer_ranges(model_config(scenario.model).n_layer)

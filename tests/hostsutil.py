@@ -111,7 +111,7 @@ def wait_for_agents(hosts: Hosts, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         # a forked agent's title (agents.forkserver), or a fresh one's command line (GEO_RING_FORK_SERVER=0)
-        if all(any(cmd.startswith("geo-ring agent ") or "agents.agent" in cmd for cmd in hosts.processes(i).values())
+        if all(any(cmd.startswith("geo-ring agent ") or "agents.process.agent" in cmd for cmd in hosts.processes(i).values())
                for i in range(hosts.n)):
             return
         time.sleep(0.2)

@@ -48,8 +48,8 @@ def rate_tolerance(n_hops: int, lap_s: float, dilation: float = 1.0, *, real: bo
 
 
 def run(scenario: Scenario, shaper: str = "virtual", dilation: float = 1.0, runlog=None):
-    """One run's summary; `runlog` (a testbed.run.runlog.RunLog) keeps its laps for the caller."""
-    from testbed.run.launcher import run_scenario
+    """One run's summary; `runlog` (a testbed.launch.runlog.RunLog) keeps its laps for the caller."""
+    from testbed.launch.launcher import run_scenario
 
     async def main():
         with trio.fail_after(RUN_TIMEOUT_S):

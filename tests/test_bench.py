@@ -49,7 +49,7 @@ def test_the_hidden_size_sweep_on_virtual_time_is_eq_1_on_the_wire_and_the_close
     """Section 3c's rows on the virtual reference: each hop carries the emulated hidden state (d_model x 2 bytes,
     bf16) plus the frame's header and stamps, its serialization at the link's rate is in the prediction, and the
     run meets it to 1e-6 (a real backend's row in the section is its rate against these)."""
-    from agents import wire
+    from agents.process import wire
     from testbed.studies.bench.hidden import HIDDEN_RATE_MBIT, HIDDEN_SIZES_QUICK, hidden_sweep
     from testbed.studies.bench.measure import rows_on
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from agents import wire
+from agents.process import wire
 from testbed.studies.bench import hop
 
 pytestmark = pytest.mark.fidelity

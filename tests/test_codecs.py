@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents import wire
+from agents.process import wire
 from testbed.studies.codecs.measure import COMPARED, label, quality
 from testbed.scenario.config import load_scenario, scenario_from_dict
 from testbed.core.decode import WireConfig

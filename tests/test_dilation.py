@@ -1,4 +1,4 @@
-"""Time dilation (testbed.run.dilation): the box runs D times slower, the figures come back in scenario time.
+"""Time dilation (testbed.launch.dilation): the box runs D times slower, the figures come back in scenario time.
 
 Unit tests pin the arithmetic (records, scenarios, the choice of D); the slow tests run real rings side by
 side undilated and dilated, and check that dilation divides the testbed's overhead by D while the
@@ -19,13 +19,13 @@ from testbed.core import physics
 from testbed.core.errors import ConfigError
 from agents.modes.dsd.facts import DsdSummary
 from testbed.core.summary import DilationSummary, RunSummary
-from testbed.run.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
-from testbed.run.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
+from testbed.launch.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
+from testbed.launch.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
                               calibration_from, calibration_scenario, choose, lap_floor_s, parse_budget, parse_dilation,
                               resolve)
 from testbed.core.lapstats import DECODE_KINDS
-from testbed.run.runlog import RunLog, read_lap_log
-from testbed.run.summarize import summarize
+from testbed.launch.runlog import RunLog, read_lap_log
+from testbed.launch.summarize import summarize
 from tests.fakes import HOP_DELAYS_S, HOP_OVERHEAD_S, SPEC_DRAFT_S, fake_lap, fake_scenario
 from tests.ringutil import REAL_HOP_OVERHEAD_BUDGET_MS, rate_tolerance, ring_scenario, run
 
@@ -238,7 +238,7 @@ def test_the_streams_mode_calibrates_its_convoy_not_one_frame():
     physics.streams_rates' with the measured passes. On virtual time that overhead is exactly 0 and the lap the
     passes' sum; a measured lap 3% over its physics is read as that."""
     from agents.modes.streams.facts import StreamsSummary
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     sc = load_scenario("geo-ring", ["decode.mode=streams", "decode.streams=16", 'decode.batching="continuous"',
                                     "decode.tokens=8"])
@@ -313,7 +313,7 @@ def metro(tmp_path_factory):
 
 
 def run_dilated(scenario, dilation, compensate=False, lap_log=None):
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     async def main():
         with trio.fail_after(240):
@@ -330,7 +330,7 @@ def test_dilation_divides_the_overhead_and_keeps_the_wall(metro):
     # the figures are in scenario time: the same C and the same wall, whatever D
     assert dilated.dilation.factor == DILATION and dilated.dilation.requested == f"{DILATION:g}"
     t_ring_s = scenario.t_ring_s + dilated.serialization_s  # and the frames' bytes at the links' rates
-    # A pass is padded to max(cost, D x its real forward pass) (agents.ring): C is the cost, but for a real pass that
+    # A pass is padded to max(cost, D x its real forward pass) (agents.process.ring): C is the cost, but for a real pass that
     # ran past it on this busy box (a 20 ms stall is 320 ms at D = 16, +2% on the run's C in CI), read from the laps.
     costs = [stage.emulated_ms / 1e3 for stage in dilated.per_stage]
     padded = [sum(max(c, DILATION * r) for c, r in zip(costs, lap.stage_real_s())) for lap in laps]

@@ -7,7 +7,7 @@ edge-cloud scenario (t_v = 20 ms a round of K = 4, t_d = 10 ms a draft token, gr
 import numpy as np
 import pytest
 
-from agents import wire
+from agents.process import wire
 from agents.modes.dsd.summary import round_bytes
 from testbed import api
 from testbed.core import physics

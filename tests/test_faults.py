@@ -54,8 +54,8 @@ def test_jitter_and_loss_cost_what_the_model_says_and_corrupt_nothing():
     3 ms on every link, then 5% loss on every link, each against the clean run, exactly."""
     import trio
 
-    from testbed.run.launcher import run_scenario
-    from testbed.run.runlog import RunLog
+    from testbed.launch.launcher import run_scenario
+    from testbed.launch.runlog import RunLog
 
     base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=150", "decode.temperature=0"]))
     clean = run(base)
@@ -89,8 +89,8 @@ def test_the_relay_reports_the_delays_it_drew():
 
     import trio
 
-    from testbed.run.launcher import run_scenario
-    from testbed.run.runlog import RunLog
+    from testbed.launch.launcher import run_scenario
+    from testbed.launch.runlog import RunLog
     from testbed.studies.faults.measure import drawn_lap_s
 
     base = with_fault(api.scenario("geo-ring", overrides=["scale=0.1", "decode.tokens=150", "decode.temperature=0"]))

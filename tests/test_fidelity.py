@@ -24,8 +24,8 @@ import trio
 
 from netem.userspace import UserspaceShaper
 from testbed.core.summary import RunSummary
-from testbed.run.launcher import Launcher, new_run_id
-from testbed.run.runlog import RunLog
+from testbed.launch.launcher import Launcher, new_run_id
+from testbed.launch.runlog import RunLog
 from tests.ringutil import REAL_HOP_OVERHEAD_BUDGET_MS, ring_scenario
 
 pytestmark = pytest.mark.fidelity

@@ -21,8 +21,8 @@ from netem.userspace import UserspaceShaper
 from tests.procutil import cmdline, parent_of, running
 from tests.ringutil import ring_scenario
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.run.launcher import Launcher, new_run_id
-from testbed.run.runlog import RunLog
+from testbed.launch.launcher import Launcher, new_run_id
+from testbed.launch.runlog import RunLog
 from testbed.studies.bench.agents import memory_mb
 
 pytestmark = pytest.mark.fidelity

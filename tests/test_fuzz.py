@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from agents import wire
-from agents.agent import AgentSpec
+from agents.process import wire
+from agents.process.agent import AgentSpec
 from agents.modes import MODES
-from agents.train import MODEL_CONFIGS
+from agents.zoo.train import MODEL_CONFIGS
 from testbed import cli
 from testbed.core.decode import DecodeConfig, PlacementConfig, SpecConfig, TPConfig, WireConfig
 from testbed.core.errors import ConfigError
@@ -279,7 +279,7 @@ class LiveAgent:
         self.log_path = log_path
         self.log = log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agents.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)],
+            [sys.executable, "-m", "agents.process.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)],
             stdin=subprocess.PIPE, stderr=self.log, pass_fds=(write_fd,), cwd=ROOT)
         os.close(write_fd)
         self.control = os.fdopen(read_fd, "rb", buffering=0)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from testbed.run.collector import RunCollector, exported_metric_names
-from testbed.run.runlog import RunLog
+from testbed.launch.collector import RunCollector, exported_metric_names
+from testbed.launch.runlog import RunLog
 from tests.fakes import fake_lap, fake_scenario
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"

@@ -7,7 +7,7 @@ sends only the token to the entry: N + 1 hops a lap, the extra hop's latency fro
 import numpy as np
 import pytest
 
-from agents import wire
+from agents.process import wire
 from testbed.scenario.config import scenario_from_dict
 from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError

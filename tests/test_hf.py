@@ -12,7 +12,7 @@ import torch
 
 from agents.hf.build import build_checkpoint
 from agents.hf.model import load_hf
-from agents.stage import PipelineStage, StagePlan
+from agents.process.stage import PipelineStage, StagePlan
 from testbed.scenario.config import scenario_from_dict
 from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError
@@ -252,7 +252,7 @@ def test_no_weights_are_unpickled_anywhere():
 
 
 def test_the_quality_table_prints_a_checkpoint_pairs_alpha_hat(checkpoints, capsys):
-    """agents.train --model/--draft: a checkpoint against itself agrees everywhere (alpha-hat 1 at every T), a
+    """agents.zoo.train --model/--draft: a checkpoint against itself agrees everywhere (alpha-hat 1 at every T), a
     different draft somewhere below; a draft with another vocabulary is exit 2 in one line."""
     from agents.hf.quality import checkpoint_acceptance, checkpoint_report
 

@@ -7,7 +7,7 @@ lap, and the lap (and TTFT) grows by their serialization, as predicted from the 
 
 import pytest
 
-from agents import wire
+from agents.process import wire
 from testbed.scenario.config import scenario_from_dict
 from testbed.core.errors import ConfigError
 from tests.ringutil import HOP_OVERHEAD_BUDGET_MS, LAP_RESIDUAL_BUDGET_MS, run

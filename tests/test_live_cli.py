@@ -163,7 +163,7 @@ def test_grafana_hop_latency_quantiles_match_the_runs_own_figures(live_run):
     first `testbed_hop_latency_window_laps` decode laps, and the run's JSON those of all of them (one late slow lap
     moves a p99 over ~70 laps by ms), each recomputed here from the lap log."""
     from testbed.core.lapstats import DECODE_KINDS
-    from testbed.run.runlog import read_lap_log
+    from testbed.launch.runlog import read_lap_log
 
     assert live_run.exit_code == 0, live_run.text[-3000:]
     assert live_run.empty == [], live_run.empty  # None: the speculative phase was never scraped

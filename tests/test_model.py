@@ -11,12 +11,12 @@ import threading
 import pytest
 import torch
 
-import agents.train as train
+import agents.zoo.train as train
 from safetensors.torch import load_file
-from agents.corpus import KINDS, build_corpus
-from agents.configs import GPTConfig, decode, encode
-from agents.model import GPT, KVCache
-from agents.measure import generate
+from agents.zoo.corpus import KINDS, build_corpus
+from agents.zoo.configs import GPTConfig, decode, encode
+from agents.zoo.model import GPT, KVCache
+from agents.zoo.measure import generate
 from testbed.core.decode import DecodeConfig
 
 TINY = GPTConfig(vocab_size=64, block_size=32, n_layer=6, n_head=2, n_embd=16)
@@ -248,7 +248,7 @@ def test_training_is_deterministic(tmp_path, tiny_recipe):
             assert torch.equal(pa, pb), key
 
 
-# ---- the shipped weights (agents/weights/) ----
+# ---- the shipped weights (agents/zoo/weights/) ----
 
 
 def test_shipped_weights_match_the_recipe_and_load():

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 import agents.modes
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
-from testbed.run.collector import RunCollector
-from testbed.run.runlog import RunLog, read_lap_log
+from testbed.launch.collector import RunCollector
+from testbed.launch.runlog import RunLog, read_lap_log
 from tests import echo_mode
 from tests.echo_mode.facts import Echoed, EchoSummary
 from tests.ringutil import RUN_TIMEOUT_S, ring_scenario
@@ -37,7 +37,7 @@ def test_an_unknown_mode_is_a_config_error_naming_the_choices():
 def test_a_registered_mode_runs_on_a_real_ring_and_is_summarized_and_exported(echo_registered, tmp_path):
     """Its runner runs on the agents, its typed facts come back with its laps (and out of the lap log), and its
     run-log part exports its own family: the run log, the collector and the summary name no mode."""
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     scenario = ring_scenario([2.0, 2.0, 2.0], compute_ms=3.0, tokens=len(PROMPT), mode="echo", prompt=PROMPT)
     log = RunLog(scenario, lap_log=tmp_path / "laps.jsonl")

@@ -4,7 +4,7 @@ bytes at the link's rate (the physics), where a fresh connection would add the r
 The seed paper's 700B-class geometry (32 KiB of hidden state a token, bf16) on the geo ring at a quarter of its
 delays and 2.24 Gbit/s: a 512-token prompt is a 16 MiB frame on every hop. Linux starts a connection's receive
 window at most 64 KiB (the first window is capped at U16_MAX whatever initrwnd and tcp_rmem say) and grows it a
-round trip at a time; the entry's warm-up frame (agents.ring.RingClient.warm, on Shaper.warm_windows backends)
+round trip at a time; the entry's warm-up frame (agents.process.ring.RingClient.warm, on Shaper.warm_windows backends)
 grows them first. The same run without it is the planted regression the bound must catch.
 """
 

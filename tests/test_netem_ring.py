@@ -29,7 +29,7 @@ userspace one: (n_hops x hop budget + lap residual budget) / (C + T_ring) = 20 m
 ~41 % for T_ring = 15 ms and ~26 % for 45 ms (worst lap excess seen: 14.1 ms). On a native kernel
 with netem the overhead is far smaller and these bounds hold with room to spare.
 
-Time dilation (testbed.run.dilation) divides the fixed part by D. Measured in UML on a quiet box (3 x 10 ms
+Time dilation (testbed.launch.dilation) divides the fixed part by D. Measured in UML on a quiet box (3 x 10 ms
 compute, 30 tokens), undilated and at D = 8:
 
     ring           D   rate error  per-hop p50 - configured  lap residual
@@ -54,7 +54,7 @@ import pytest
 
 from testbed.core import physics
 from testbed.core.summary import RunSummary
-from testbed.run.runlog import RunLog
+from testbed.launch.runlog import RunLog
 from testbed.scenario.config import Scenario
 from tests.ringutil import ring_scenario, run
 
@@ -73,7 +73,7 @@ EARLY_MS = 0.05  # a hop is never early by more than this (netem's own timer sla
 COMPUTE_MS = 10.0
 TOKENS = 20  # 19 decode laps at D = 10, 0.45 and 0.75 s each (issue 29: the netem suite at half its time)
 RINGS = [[5.0, 5.0, 5.0], [15.0, 10.0, 20.0]]
-DILATION = 10.0  # time dilation (testbed.run.dilation): the fixed budgets above count 1/D
+DILATION = 10.0  # time dilation (testbed.launch.dilation): the fixed budgets above count 1/D
 
 
 

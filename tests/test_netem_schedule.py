@@ -10,8 +10,8 @@ import trio
 
 from testbed.scenario.config import scenario_from_dict
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.run.launcher import run_scenario
-from testbed.run.runlog import RunLog
+from testbed.launch.launcher import run_scenario
+from testbed.launch.runlog import RunLog
 
 pytestmark = pytest.mark.netem
 

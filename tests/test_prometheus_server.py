@@ -24,8 +24,8 @@ from typing import Final
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from testbed.run.collector import RunCollector
-from testbed.run.runlog import RunLog
+from testbed.launch.collector import RunCollector
+from testbed.launch.runlog import RunLog
 from tests.fakes import (HOP_DELAYS_S, HOP_OVERHEAD_S, HOPS, SPEC_ACCEPTED, SPEC_DRAFT_S, STAGE_COMPUTE_S, fake_lap,
                          fake_scenario)
 from tests.test_grafana import PROMETHEUS_YML, expressions, load_dashboard

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from testbed.run.collector import RunCollector
+from testbed.launch.collector import RunCollector
 from testbed.core.facts import PrefillChunk
 from agents.modes.speculative.facts import SpecRound
 from testbed.core.lapstats import SKETCH_RELATIVE_ACCURACY, SKETCH_RESOLUTION, QuantileSketch
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
-from testbed.run.runlog import RunLog, latency_buckets, read_lap_log
-from testbed.run.summarize import summarize
+from testbed.launch.runlog import RunLog, latency_buckets, read_lap_log
+from testbed.launch.summarize import summarize
 from tests.fakes import (HOP_DELAYS_S, HOP_OVERHEAD_S, HOPS, SPEC_ACCEPTED, SPEC_DRAFT_S, SPEC_K, STAGE_COMPUTE_S,
                          fake_lap, fake_scenario)
 

@@ -56,8 +56,8 @@ def test_the_relay_swaps_its_timing_and_holds_a_partition():
 
 
 def test_a_delay_change_shows_in_the_laps_and_a_short_partition_only_delays_them():
-    from testbed.run.launcher import run_scenario
-    from testbed.run.runlog import RunLog
+    from testbed.launch.launcher import run_scenario
+    from testbed.launch.runlog import RunLog
 
     sc = scenario([{"link": "0->1", "at_s": 1.0, "delay_ms": 30.0}, {"link": "1->0", "at_s": 2.0, "down_s": 0.4}],
                   tokens=70)
@@ -98,8 +98,8 @@ def test_a_partition_longer_than_the_lap_timeout_ends_the_run_naming_the_link():
 
 def test_the_dashboard_marks_schedule_events():
     from dashboards.render import render, schedule_line
-    from testbed.run.runlog import RunLog
-    from testbed.run.summarize import summarize
+    from testbed.launch.runlog import RunLog
+    from testbed.launch.summarize import summarize
 
     sc = scenario([{"link": "0->1", "at_s": 1.0, "delay_ms": 30.0}, {"link": "1->0", "at_s": 5.0, "down_s": 0.4}])
     log = RunLog(sc)

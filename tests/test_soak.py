@@ -11,15 +11,15 @@ import tracemalloc
 import pytest
 import trio
 
-from agents import wire
-from agents.train import MODEL_CONFIGS
+from agents.process import wire
+from agents.zoo.train import MODEL_CONFIGS
 from testbed.studies.bench.launcher import synthetic_lap_line
 from testbed.scenario.config import load_scenario
 from testbed.core.records import LapRecord
-from testbed.run.runlog import LAP_WINDOW, RunLog
+from testbed.launch.runlog import LAP_WINDOW, RunLog
 from testbed.studies.bench.soak import (LAUNCHER, Footprint, RecordCost, Sample, SoakResult, analyse, lap_time_drift, soak,
                           soak_report, warmup_laps)
-from testbed.run.summarize import summarize
+from testbed.launch.summarize import summarize
 from tests.fakes import fake_lap, fake_scenario
 
 LAPS = 2_000

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from agents import wire
-from agents.prompts import synthetic
-from agents.train import load_model
+from agents.process import wire
+from agents.zoo.prompts import synthetic
+from agents.zoo.train import load_model
 from testbed.scenario.config import scenario_from_dict
 from testbed.core import physics
 from testbed.core.errors import ConfigError
@@ -69,7 +69,7 @@ def test_streams_rates_closed_forms():
 
 def test_batched_forward_equals_each_sequence_alone():
     model = load_model("target")
-    from agents.model import KVCache
+    from agents.zoo.model import KVCache
 
     prompts = [synthetic(20 + 7 * s, s) for s in range(3)]
     alone, batched = [], [KVCache(model.config, 3) for _ in prompts]
@@ -175,7 +175,7 @@ def test_under_continuous_batching_the_prompts_go_as_one_batch(stream_runs):
 
 
 def test_a_stage_batches_frames_and_batch_frames_of_other_streams():
-    from agents.batching import batches, rows_of
+    from agents.process.batching import batches, rows_of
 
     def one(stream):
         return wire.Frame(wire.Kind.HIDDEN, stream=stream, pos=3, tensor=np.full((1, 1, 4), stream, np.float32)), 0.0

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from agents.modes.streams.metrics import STREAMS_WINDOW_LAPS_PER_STREAM
 from testbed.core.records import LapRecord, Stamp
-from testbed.run.collector import RunCollector
-from testbed.run.runlog import RunLog
+from testbed.launch.collector import RunCollector
+from testbed.launch.runlog import RunLog
 from testbed.scenario.config import scenario_from_dict
 from tests.fakes import fake_lap, fake_scenario
 

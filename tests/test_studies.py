@@ -11,7 +11,7 @@ import testbed
 from testbed import cli
 from testbed.report import build as report
 from testbed.studies import STUDIES
-from testbed.run.trace import laps_of, read_trace
+from testbed.launch.trace import laps_of, read_trace
 from tests.echo_study import STUDY as ECHO
 
 
@@ -39,11 +39,11 @@ def test_a_study_in_the_registry_is_a_command_with_its_options(with_echo, capsys
 
 
 def test_a_study_in_the_registry_runs_from_the_api_and_lands_in_the_report(with_echo, tmp_path):
-    result = testbed.echo("geo-ring", shaper="virtual", tokens=6, trace=str(tmp_path / "echo.trace.json"))
+    result = testbed.study("echo", "geo-ring", shaper="virtual", tokens=6, trace=str(tmp_path / "echo.trace.json"))
     assert len(laps_of(read_trace(tmp_path / "echo.trace.json"))) == 6  # every study takes --trace: a lap a token
     assert result.echo_measured_tok_s == pytest.approx(result.predicted_tok_s, rel=1e-6)
     with pytest.raises(TypeError, match="unexpected option 'jitter'"):
-        testbed.echo("geo-ring", jitter=3)
+        testbed.study("echo", "geo-ring", jitter=3)
     path = tmp_path / "echo-geo-ring.json"
     path.write_text(result.to_json())
     out = tmp_path / "out"

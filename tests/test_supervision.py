@@ -10,12 +10,12 @@ import uuid
 import pytest
 import trio
 
-from agents import wire
+from agents.process import wire
 from netem.userspace import UserspaceShaper
 from tests.ringutil import ring_scenario
 from testbed.core.errors import AgentFailed, leaf_errors
-from testbed.run.runlog import RunLog
-from testbed.run.launcher import Launcher, new_run_id
+from testbed.launch.runlog import RunLog
+from testbed.launch.launcher import Launcher, new_run_id
 
 pytestmark = pytest.mark.fidelity
 TEARDOWN_LIMIT_S = 2.0

@@ -27,7 +27,7 @@ def test_shards_cover_every_head_and_unit_once():
 @pytest.mark.parametrize("n", [2, 3, 4])
 @torch.inference_mode()
 def test_the_shards_add_up_to_the_monolithic_model(n):
-    from agents.train import load_model
+    from agents.zoo.train import load_model
 
     model = load_model("target")
     ids = list(b"def add(a, b):\n    return a + b")
@@ -50,7 +50,7 @@ def test_the_shards_add_up_to_the_monolithic_model(n):
 
 
 def test_more_ranks_than_heads_is_refused():
-    from agents.train import load_model
+    from agents.zoo.train import load_model
 
     with pytest.raises(ValueError, match="heads"):
         TPShard(load_model("target"), 0, 5)

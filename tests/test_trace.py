@@ -1,4 +1,4 @@
-"""The timeline (testbed.run.trace) against the run it traced: per lap, the stage and link spans add up to the lap's
+"""The timeline (testbed.launch.trace) against the run it traced: per lap, the stage and link spans add up to the lap's
 time, and every hop span is that hop's measured latency; on the virtual backend, so both to float rounding."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import trio
 
 from testbed.scenario.config import scenario_from_dict
 from testbed.core.errors import ConfigError
-from testbed.run.launcher import run_scenario
-from testbed.run.runlog import RunLog
-from testbed.run.trace import TILING_CATEGORIES, laps_of, read_trace, tracing
+from testbed.launch.launcher import run_scenario
+from testbed.launch.runlog import RunLog
+from testbed.launch.trace import TILING_CATEGORIES, laps_of, read_trace, tracing
 from tests.ringutil import RUN_TIMEOUT_S
 
 pytestmark = pytest.mark.exact

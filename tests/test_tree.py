@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from agents.model import KVCache, tree_mask
+from agents.zoo.model import KVCache, tree_mask
 from agents.modes.tree.runner import Tree, grow, verify
 from testbed import api
 from testbed.core.decode import DecodeConfig
@@ -25,7 +25,7 @@ def test_a_node_sees_the_past_itself_and_its_ancestors():
 
 
 def test_compaction_moves_the_accepted_path_next_to_its_root():
-    from agents.train import MODEL_CONFIGS
+    from agents.zoo.train import MODEL_CONFIGS
 
     cache = KVCache(MODEL_CONFIGS["draft"], 1, extra_slots=8)
     cache.k[0, 0, 0, :10, 0] = torch.arange(10.0)
@@ -38,7 +38,7 @@ def test_compaction_moves_the_accepted_path_next_to_its_root():
 
 @torch.inference_mode()
 def test_one_tree_pass_gives_every_path_its_sequential_logits():
-    from agents.train import load_model
+    from agents.zoo.train import load_model
 
     model = load_model("target")
     prefix = list(b"def add(a, b):\n    ret")

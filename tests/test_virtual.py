@@ -13,8 +13,8 @@ from testbed import api
 from testbed.scenario.config import scenario_from_dict
 from testbed.core import physics, virtual_time
 from testbed.core.errors import AgentFailed, ConfigError, leaf_errors
-from testbed.run.launcher import run_scenario
-from testbed.run.runlog import RunLog
+from testbed.launch.launcher import run_scenario
+from testbed.launch.runlog import RunLog
 from tests.ringutil import EXACT, ring_scenario, run
 
 
@@ -89,7 +89,7 @@ def test_a_lap_of_zero_simulated_time_is_refused_by_name():
 
 def test_a_crashed_agent_is_named_and_the_run_ends(monkeypatch):
     """An agent task that raises ends the run with AgentFailed naming it and its last words, as a process would."""
-    from agents.stage import PipelineStage
+    from agents.process.stage import PipelineStage
 
     real_run = PipelineStage.run
 

@@ -10,8 +10,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents import wire
-from agents.reader import FrameReader
+from agents.process import wire
+from agents.process.reader import FrameReader
 from testbed.core.errors import LinkBroken, WireError
 from testbed.core.records import LapRecord
 
@@ -193,7 +193,7 @@ def test_a_batch_frame_s_rows_are_checked():
 def test_a_batch_frame_carries_an_emulated_geometry_s_bytes_for_each_row():
     """Under a [geometry] a BATCH frame of B rows of T positions carries the geometry's B x T positions (and, for
     prompts at position 0, B times an emulated prompt's extra positions), its rows on top; the receiver checks it."""
-    from agents.codec import emulated_payload_bytes
+    from agents.process.codec import emulated_payload_bytes
     from testbed.core.decode import WireConfig
 
     geometry = WireConfig(width=4096, value_bytes=2, extra_positions=100)

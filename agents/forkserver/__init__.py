@@ -5,7 +5,7 @@ the shipped weights, and holds its own ~250 MB of them. The launcher instead sta
 (``python -m agents.forkserver``, `server`), which imports the agent's modules and loads the run's models once, and asks
 it for each agent: the server forks, and the child enters the stage's network namespace (setns), takes the
 descriptors the launcher sent with the request (SCM_RIGHTS) as its stdin, control and stderr, and runs
-`agents.agent.run_process`. The weights' pages stay shared copy-on-write between the server and every agent.
+`agents.process.agent.run_process`. The weights' pages stay shared copy-on-write between the server and every agent.
 
 The launcher's side is `client.ForkServer`; the protocol, its messages and limits are here.
 
@@ -42,7 +42,7 @@ MAX_MESSAGE = 1 << 20
 TITLE_ROOM = 160  # bytes of the server's argv an agent's title may take
 SHUTDOWN_GRACE_S = 5.0  # launcher gone: its agents see EOF on stdin and exit; any still here after this are killed
 SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1"}
-PRELOAD_MODULES = ("agents.agent", "agents.head")  # and every decode mode's runner (agents.modes.MODES)
+PRELOAD_MODULES = ("agents.process.agent", "agents.process.head")  # and every decode mode's runner (agents.modes.MODES)
 UNKNOWN_STATUS = 255  # an agent's exit once the fork server (its parent, the one that reaps it) is gone
 STOP_GRACE_S = 0.8  # a server that failed to start: stopped within ~2 x this
 ORPHAN_POLL_S = 0.01  # how often the launcher looks for the exit of an agent whose server is gone (teardown only)

@@ -29,22 +29,22 @@ def thread_count() -> int:
 def ensure_weights(announce: Callable[[], None]) -> None:
     """Train the models first if the recipe changed since the weights were shipped (and the cache lacks them), in a
     child process: training runs torch's thread pool, and a server with threads must not fork."""
-    from agents import train
+    from agents.zoo import train
 
     if train.trained_meta() is not None:
         return
     announce()
-    subprocess.run([sys.executable, "-c", "from agents.train import ensure_trained; ensure_trained()"], check=True)
+    subprocess.run([sys.executable, "-c", "from agents.zoo.train import ensure_trained; ensure_trained()"], check=True)
 
 
 def preload(models: list[str]) -> None:
-    """Import what an agent runs and load `models` into agents.shared, as every agent would (then shared)."""
+    """Import what an agent runs and load `models` into agents.process.shared, as every agent would (then shared)."""
     import importlib
 
     import torch
 
     torch.set_num_threads(1)  # no intra-op pool before the fork; each agent sets its own (AgentSpec.threads)
-    from agents.shared import shared_model
+    from agents.process.shared import shared_model
     from agents.modes import MODES
 
     for module in PRELOAD_MODULES + tuple(f"{info.package}.runner" for info in MODES.values()):
@@ -149,7 +149,7 @@ class Server:
             if request.get("netns"):
                 enter_netns(request["netns"])
             set_title(str(request.get("title", "")))
-            from agents.agent import AgentSpec, run_process
+            from agents.process.agent import AgentSpec, run_process
 
             code = run_process(AgentSpec.from_json(request["spec"]), control)
         except SystemExit as exc:

@@ -18,7 +18,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers here reads and writes local directories only: no hub
 
 FAMILY_CONFIGS = ("gpt2", "llama", "qwen2", "mistral")
-TOKENIZER_TEXT = pathlib.Path(__file__).resolve().parents[1] / "model.py"  # shipped: the same merges everywhere
+TOKENIZER_TEXT = pathlib.Path(__file__).resolve().parents[1] / "zoo" / "model.py"  # shipped: the same merges everywhere
 MAX_TOKENIZER_VOCAB = 2048  # merges the shipped text supports before they are single-use
 
 

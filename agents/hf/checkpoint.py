@@ -68,7 +68,7 @@ def is_hf(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What agents.configs.GPTConfig is to the byte models, for a checkpoint: the shape the ring and the summaries
+    """What agents.zoo.configs.GPTConfig is to the byte models, for a checkpoint: the shape the ring and the summaries
     need (the hidden width on the wire, the context, the layers to split)."""
 
     vocab_size: int
@@ -333,7 +333,7 @@ def _window(config: dict, model_type: str) -> int:
 
 class TokenizerVocabulary:
     """The checkpoint's own tokenizer (tokenizer.json, through the `tokenizers` library: no torch), as the byte
-    models' agents.configs.BYTES: encode(text) -> ids, decode(ids) -> text."""
+    models' agents.zoo.configs.BYTES: encode(text) -> ids, decode(ids) -> text."""
 
     def __init__(self, path: Path, vocab_size: int) -> None:
         from tokenizers import Tokenizer

@@ -1,12 +1,12 @@
 """A local Hugging Face checkpoint as a stage model: its decoder layers (agents.hf.layers), one stage at a time.
 
-HFModel offers what agents.model.GPT offers the ring (embed, embed_at, run_layers, run_layers_batched, head,
+HFModel offers what agents.zoo.model.GPT offers the ring (embed, embed_at, run_layers, run_layers_batched, head,
 new_cache), so a PipelineStage, the drafters and the decode modes run a checkpoint as they run the byte models.
 
 A stage reads only its own tensors from the safetensors files (safe_open reads one tensor at a time, mapped, never
 the whole file), each checked by name and shape when the checkpoint was opened, and runs them through the family's layer
 (agents.hf.layers: plain torch, checked against transformers' forward in tests/test_hf.py; why not transformers'
-own classes is said there). Each layer runs with the stage's own KV cache (agents.model.KVCache, a preallocated
+own classes is said there). Each layer runs with the stage's own KV cache (agents.zoo.model.KVCache, a preallocated
 tensor) behind one method, `update(key, value, layer_idx)`: rewinding it (speculation's rejected tail) and
 compacting it (a tree's accepted path) stay what they are for the byte models. The attention mask is always
 explicit (a causal block after its past, a tree's ancestors, a continuous batch's own lengths). The rotary position
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from agents.hf import layers
 from agents.hf.checkpoint import Checkpoint, entry_shapes, layer_shapes
-from agents.model import KVCache, check_batch
+from agents.zoo.model import KVCache, check_batch
 
 
 class _StageCache:

@@ -1,11 +1,11 @@
-"""A checkpoint pair's quality table: the draft's alpha-hat against the target on held-out text (agents.train
---model hf:PATH --draft hf:PATH), as agents.train prints it for the byte models."""
+"""A checkpoint pair's quality table: the draft's alpha-hat against the target on held-out text (agents.zoo.train
+--model hf:PATH --draft hf:PATH), as agents.zoo.train prints it for the byte models."""
 
 from __future__ import annotations
 
 import torch
 
-from agents.measure import ALPHA_WINDOWS, acceptance
+from agents.zoo.measure import ALPHA_WINDOWS, acceptance
 from testbed.core.errors import ConfigError
 
 
@@ -13,7 +13,7 @@ def checkpoint_acceptance(target_name: str, draft_name: str, n_windows: int = AL
                           window_tokens: int = 128, temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)) -> dict[float, float]:
     """alpha-hat of a draft checkpoint against a target checkpoint ("hf:PATH" each), on the held-out corpus text
     tokenized by the target's tokenizer: {temperature: alpha-hat}."""
-    from agents.corpus import build_corpus
+    from agents.zoo.corpus import build_corpus
     from agents.hf.model import load_hf
 
     target, draft = load_hf(target_name), load_hf(draft_name)

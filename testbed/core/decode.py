@@ -12,7 +12,7 @@ DRAFT_KINDS = ("trained", "calibrated")
 TREE_POLICIES = ("best-first", "topk")
 MAX_TREE = 256  # nodes a tree may have (the stages keep this many cache slots beyond the positions)
 BATCHING = ("none", "continuous")
-MAX_STREAMS = 1024  # agents.stage.PipelineStage.MAX_STREAMS: the KV caches one stage keeps
+MAX_STREAMS = 1024  # agents.process.stage.PipelineStage.MAX_STREAMS: the KV caches one stage keeps
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class DecodeConfig(JsonRecord):
     mode: str = "plain"  # a key of agents.modes.MODES
     tokens: int = 32  # per stream
     prompt: str = "    def __repr__(self):\n        return "  # one the shipped models continue greedily (README)
-    prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.prompts), not `prompt`
+    prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.zoo.prompts), not `prompt`
     prefill_chunk: int = 0  # > 0: plain decode prefills the prompt in chunks of this many tokens, pipelined
     streams: int = 1  # sequences in flight (the streams mode); each stage keeps one KV cache per stream
     batching: str = "none"  # streams: "none" (one frame per forward pass) or "continuous" (all queued frames)
@@ -50,12 +50,12 @@ MAX_BLOCK = 0xFFFF
 
 @dataclass(frozen=True)
 class WireConfig(JsonRecord):
-    """[wire] of a scenario: how hidden states travel on every link of the ring (agents.wire encodes them)."""
+    """[wire] of a scenario: how hidden states travel on every link of the ring (agents.process.wire encodes them)."""
 
     codec: str = "f32"  # one of CODECS
     block: int = 64  # int8-block: values per absmax scale
     # An emulated geometry ([geometry], testbed.deploy; not TOML keys of [wire]): a HIDDEN frame carries the bytes of
-    # a hidden state `width` values wide at `value_bytes` a value (before the codec), padded (agents.wire). 0: the
+    # a hidden state `width` values wide at `value_bytes` a value (before the codec), padded (agents.process.wire). 0: the
     # computing model's own tensor only.
     width: int = 0
     value_bytes: int = 4
@@ -81,7 +81,7 @@ class PlacementConfig(JsonRecord):
     # stage also sends the K and V it just computed to its successor every step (measured, not asserted).
     kv: str = "local"
     # "entry": the LM head and sampler run on the entry node (N hops a lap). "separate": on their own agent after
-    # the last stage (agents.head), and the sampled token travels on to the entry: N + 1 hops a lap. "last": on the
+    # the last stage (agents.process.head), and the sampled token travels on to the entry: N + 1 hops a lap. "last": on the
     # last stage, which returns only the token id (N hops; the return hop carries an id, not a hidden state).
     head: str = "entry"
     head_region: str = ""  # separate head in a scenario with [regions]: where its agent sits
@@ -150,12 +150,12 @@ class ModeInfo:
     greedy_on_last: bool = False  # with placement.head = "last" it decodes greedily only (the draft stays on the entry)
     spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
     drafts: bool = False  # it drafts with decode.draft (the scenario's model section checks the draft)
-    # A run longer than the run log's window (testbed.run.summarize.mode_summary): a summary module with
+    # A run longer than the run log's window (testbed.launch.summarize.mode_summary): a summary module with
     # summarize_totals reads its metrics part's sums over every lap ((run log, scenario) -> its part); without it,
     # its summarize reads the window's laps, with these fields of its part (field, lap kind) counted over the run.
     window_counts: tuple[tuple[str, str], ...] = ()
     # several sequences in flight: the run log keeps each one's tokens and a window of their decode laps, and the
-    # collector exports the streams gauges over it (testbed.run.runlog, testbed.run.collector)
+    # collector exports the streams gauges over it (testbed.launch.runlog, testbed.launch.collector)
     per_stream: bool = False
     # what a scenario's other sections turn it into: with decode.streams > 1 (plain decode of several streams is the
     # streams mode), with spec.placement = "edge" (the drafter moves to edge clients: dsd); None: it has no such form

@@ -48,7 +48,7 @@ class LapFacts(JsonRecord):
 
 @dataclass(frozen=True)
 class PrefillChunk(LapFacts):
-    """A chunk of a chunked prefill (agents.prefill): the `chunk`-th of `chunks`."""
+    """A chunk of a chunked prefill (agents.process.prefill): the `chunk`-th of `chunks`."""
 
     chunk: int
     chunks: int

@@ -113,7 +113,7 @@ class LapRecord(JsonRecord):
         return record_from_dict(cls, {**{k: v for k, v in data.items() if k != "extra"}, "facts": facts})
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stamps, tuple):  # a frame's stamps (agents.wire.Stamps, packed): the record's own
+        if not isinstance(self.stamps, tuple):  # a frame's stamps (agents.process.wire.Stamps, packed): the record's own
             object.__setattr__(self, "stamps", tuple(self.stamps))
 
     @property
@@ -168,7 +168,7 @@ class LapRecord(JsonRecord):
         """This lap on a clock running `factor` times as fast: every stamp and duration multiplied by it.
 
         A run under time dilation D is recorded on the box's clock; time_scaled(1 / D) gives it back in the
-        scenario's own time (testbed.run.dilation).
+        scenario's own time (testbed.launch.dilation).
         """
         if factor == 1.0:
             return self
@@ -201,7 +201,7 @@ def alike_runs(laps: Iterable[LapRecord]) -> list[list[LapRecord]]:
 
 
 def expand_laps(first: LapRecord, laps: Any, streams: Any, ids: Any) -> list[LapRecord]:
-    """The laps of one BATCH frame's streams (agents.ring.RingClient.report_laps): `first`, and each lap's lap, stream
+    """The laps of one BATCH frame's streams (agents.process.ring.RingClient.report_laps): `first`, and each lap's lap, stream
     and ids; they share first's stamps (one tuple, not one per stream)."""
     if not (isinstance(laps, list) and isinstance(streams, list) and isinstance(ids, list)
             and len(laps) == len(streams) == len(ids) > 0 and all(isinstance(row, list) for row in ids)):

@@ -54,7 +54,7 @@ class LinkCheck(JsonRecord):
 
 @dataclass(frozen=True)
 class DilationSummary(JsonRecord):
-    """How a run was time-dilated (testbed.run.dilation, after Gupta et al., NSDI'06).
+    """How a run was time-dilated (testbed.launch.dilation, after Gupta et al., NSDI'06).
 
     The box ran every link delay, jitter, emulated compute and real forward pass `factor` times as long
     (link rates `factor` times lower); every figure of the RunSummary is in the scenario's own time, the

@@ -30,7 +30,7 @@ VIRTUAL_HOST = "virtual"  # the host part of every address on a MemoryNetwork
 @dataclass(frozen=True)
 class Inbound:
     """One upstream connection: `receive(max_bytes)` its bytes, `observe(arrival)` after each frame that came at
-    the lap's period, `close()` at the end (agents.ring reads frames from it)."""
+    the lap's period, `close()` at the end (agents.process.ring reads frames from it)."""
 
     receive: Callable[[int], Awaitable[bytes]]
     observe: Callable[[float], None] = lambda arrival: None

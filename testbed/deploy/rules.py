@@ -174,8 +174,8 @@ def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, mo
     """[geometry], [hardware.NAME] and the stages' hardware of a raw scenario: (the geometry, the stages with their
     rooflines, the [wire] with the geometry on it, and an emulated prompt's extra positions). `head`:
     placement.head (the LM head's matrix is on the entry, on the last stage, or on its own agent)."""
-    from agents.configs import model_config
-    from agents.prompts import prompt_window
+    from agents.zoo.configs import model_config
+    from agents.zoo.prompts import prompt_window
 
     geometry = geometry_from_dict(raw.get("geometry"), source)
     head_stage = {"entry": 0, "last": len(stages) - 1}.get(head)  # "separate": the head's own agent
@@ -206,7 +206,7 @@ def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, mo
 def prompt_lap_s(ring: list[Any], wire: WireConfig, prompt_tokens: int) -> float:
     """A prompt's lap on the links alone: each hop's delay and its serialization of the prompt's hidden state at
     the hop's rate (the geometry's bytes: a 64 MiB prompt at 10 Mbit/s takes 54 s a hop)."""
-    from agents.codec import emulated_payload_bytes
+    from agents.process.codec import emulated_payload_bytes
 
     size = emulated_payload_bytes(prompt_tokens, wire) if wire.width else 0
     return sum(link.delay_ms / 1e3 + (0.0 if math.isinf(link.rate_bytes_s) else size / link.rate_bytes_s)
@@ -214,7 +214,7 @@ def prompt_lap_s(ring: list[Any], wire: WireConfig, prompt_tokens: int) -> float
 
 
 def geometry_wire(wire: WireConfig, geometry: ModelPreset, own_width: int, source: str) -> WireConfig:
-    """The [wire] with the geometry's hidden state on it (agents.wire pads HIDDEN frames to it)."""
+    """The [wire] with the geometry's hidden state on it (agents.process.wire pads HIDDEN frames to it)."""
     if geometry.d_model * geometry.bytes_per_value < own_width * 4:
         raise ConfigError(f"a hidden state of {geometry.d_model} x {geometry.dtype} is smaller than the computing "
                           f"model's own ({own_width} x f32): frames cannot shrink to it", source=source,

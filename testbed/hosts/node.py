@@ -31,8 +31,8 @@ from testbed.core.errors import ConfigError, TestbedError, leaf_errors
 from testbed.core.summary import RunSummary
 from testbed.hosts.node_launcher import NodeLauncher
 from testbed.hosts.rendezvous import NodeStore, torchrun_store
-from testbed.run.dilation import BUDGET_S
-from testbed.run.runlog import RunLog
+from testbed.launch.dilation import BUDGET_S
+from testbed.launch.runlog import RunLog
 
 
 def node_address(iface: str | None, towards: str) -> str:

@@ -18,10 +18,10 @@ from testbed.scenario.config import Scenario
 from testbed.core.errors import AgentFailed, LinkBroken, PeerTimeout, TestbedError, leaf_errors
 from testbed.core.records import LapRecord
 from testbed.core.summary import RunSummary
-from testbed.run.launcher import STARTUP_TIMEOUT_S, READY_TIMEOUT_S, Launcher
+from testbed.launch.launcher import STARTUP_TIMEOUT_S, READY_TIMEOUT_S, Launcher
 from testbed.hosts.rendezvous import HEARTBEAT_S, Heartbeats, NodeInfo, NodeStore, StoreLost
-from testbed.run.runlog import RunLog
-from testbed.run.summarize import summarize
+from testbed.launch.runlog import RunLog
+from testbed.launch.summarize import summarize
 
 HOP_SAMPLES = 4096  # the last decode laps' hops the entry keeps for the hop table
 HEARTBEAT_TIMEOUT_S = 2.0  # a node whose counter has not moved for this long is gone

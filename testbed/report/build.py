@@ -25,7 +25,7 @@ RUN_FIGURES: Final = (
     Figure("fig1_wall.png", lambda items, path: plot_wall([item.summary for item in items], path)),
     Figure("fig2_spec.png", lambda items, path: plot_spec([item.summary for item in items], path),
            lambda items: any(item.summary.is_speculative for item in items)))
-TRACE_KEY: Final = "traceEvents"  # a JSON object with it is a --trace timeline (testbed.run.trace)
+TRACE_KEY: Final = "traceEvents"  # a JSON object with it is a --trace timeline (testbed.launch.trace)
 TIMELINE_FIGURE: Final = Figure("timeline.png", plot_timeline)
 
 

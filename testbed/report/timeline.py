@@ -1,4 +1,4 @@
-"""The report's timeline: a few laps of a `--trace` file (testbed.run.trace) drawn as rows of stages and links, time
+"""The report's timeline: a few laps of a `--trace` file (testbed.launch.trace) drawn as rows of stages and links, time
 across, so the pipeline bubble, a batch's convoy or a tree's fat frame can be seen; and its report.md lines."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from testbed.core.errors import ConfigError
 from testbed.studies.style import FIGURE_DPI, new_figure
-from testbed.run.trace import laps_of, trace_events
+from testbed.launch.trace import laps_of, trace_events
 
 TIMELINE_LAPS: Final = 4  # laps drawn: the first ones past the prompt's
 SPAN_COLOURS: Final = {"compute": "tab:blue", "queue": "tab:orange", "frame": "tab:purple", "head": "tab:green",

@@ -12,7 +12,7 @@ from typing import Any
 from agents.modes import MODES
 from testbed.core.decode import (ALLREDUCE, CODECS, MAX_BLOCK, DecodeConfig, PlacementConfig, SpecConfig, TPConfig,
                                  WireConfig)
-from agents.configs import model_config
+from agents.zoo.configs import model_config
 from agents.hf.checkpoint import is_hf
 from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
@@ -83,7 +83,7 @@ class Scenario:
         return sum(stage.cost_ms() for stage in self.stages) / 1e3
 
     def dilated(self, factor: float, base_ms: tuple[float, ...] = ()) -> "Scenario":
-        """What the box runs under time dilation `factor` (testbed.run.dilation): every delay, jitter, emulated
+        """What the box runs under time dilation `factor` (testbed.launch.dilation): every delay, jitter, emulated
         compute, draft time and RTO multiplied by it, every link rate divided by it (serialization takes
         `factor` times as long). `base_ms[i]`, the measured base one-way latency of link i at zero configured
         delay, is subtracted from that link's dilated delay (never below zero): base-path compensation.

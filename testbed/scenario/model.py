@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.configs import MODEL_CONFIGS
+from agents.zoo.configs import MODEL_CONFIGS
 from agents.hf.checkpoint import HF_PREFIX, Checkpoint, is_hf
 from agents.modes import MODES
 from testbed.core.decode import DRAFT_KINDS, DecodeConfig

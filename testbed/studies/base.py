@@ -25,9 +25,9 @@ from netem.select import kinds as shaper_kinds
 from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.core.errors import ConfigError
 from testbed.core.summary import RunSummary
-from testbed.run.budget import STUDY_BUDGET_S, plan_runs, study_budget  # noqa: F401 - plan_runs: for the studies
-from testbed.run.dilation import BUDGET_S, parse_budget, parse_dilation
-from testbed.run.trace import tracing
+from testbed.launch.budget import STUDY_BUDGET_S, plan_runs, study_budget  # noqa: F401 - plan_runs: for the studies
+from testbed.launch.dilation import BUDGET_S, parse_budget, parse_dilation
+from testbed.launch.trace import tracing
 
 TABLE_WIDTH = 160  # a study's tables print at least this wide (a piped console is 80 wide and would fold them)
 
@@ -115,7 +115,7 @@ class Study:
 
     def measure(self, args: argparse.Namespace, console: Console) -> Any:
         """run(args, console), every run's laps in the --trace timeline when one is asked for, and every run's auto
-        dilation from one budget (--budget-s) and one calibration per stages and links (testbed.run.budget)."""
+        dilation from one budget (--budget-s) and one calibration per stages and links (testbed.launch.budget)."""
         budget = getattr(args, "budget_s", None)
         with tracing(getattr(args, "trace", None)), (study_budget(budget) if budget else contextlib.nullcontext()):
             return self.run(args, console)
@@ -197,7 +197,7 @@ def dilation_cell(factor: float, capped_error_pct: float | None, duration: bool 
 def add_trace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="PATH",
                         help="write every lap of every run as a Chrome trace-event timeline (Perfetto, "
-                             "chrome://tracing; testbed.run.trace): a track per stage and per link")
+                             "chrome://tracing; testbed.launch.trace): a track per stage and per link")
 
 
 def int_list(text: str) -> list[int]:
@@ -261,7 +261,7 @@ def _toml(value: Any) -> str:
 
 def ensure_models(notify: Callable[[str], None] | None = None) -> dict:
     """Make sure the tiny models exist (trained on first use unless shipped); returns their metadata."""
-    from agents.train import ensure_trained, needs_training
+    from agents.zoo.train import ensure_trained, needs_training
 
     if notify is not None and needs_training():
         notify("The model recipe differs from the shipped weights: training the tiny models (once)...")

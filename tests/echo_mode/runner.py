@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents.configs import encode
-from agents.ring import RingClient
+from agents.zoo.configs import encode
+from agents.process.ring import RingClient
 from testbed.core.decode import DecodeConfig
 from tests.echo_mode.facts import Echoed
 

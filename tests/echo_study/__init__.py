@@ -33,7 +33,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> EchoResult:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     scenario = make_scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides))
     summary = trio.run(lambda: run_scenario(scenario, args.shaper, log=lambda m: None))

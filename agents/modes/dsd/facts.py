@@ -79,7 +79,7 @@ class DsdSummary(JsonRecord):
     error_pct: float  # request latency
 
     def calibration_lap(self) -> tuple[float, float]:
-        """At zero round trip (testbed.run.dilation): (what a round took beyond physics.dsd_round_s, ms; that
+        """At zero round trip (testbed.launch.dilation): (what a round took beyond physics.dsd_round_s, ms; that
         physics, s). A lap of edge speculation is a round."""
         return max(0.0, self.round_ms - self.predicted_round_ms), self.predicted_round_ms / 1e3
 

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 import trio
 
-from agents import wire
+from agents.process import wire
 from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdVerify
 from agents.modes.speculative.runner import Drafter, PositionRandom, overlap, probabilities, sample, verify
-from agents.prompts import prompt_ids
-from agents.ring import RingClient
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import RingClient
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
 from testbed.core.records import LapRecord, Stamp
@@ -153,7 +153,7 @@ class EdgeClient:
     """One edge client: its prompt, then rounds of K drafts until decode.tokens tokens (its own request)."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient, spec: SpecConfig) -> None:
-        from agents.shared import draft_name, shared_model
+        from agents.process.shared import draft_name, shared_model
 
         self.config, self.ring, self.spec = config, ring, spec
         self.client = ring.index - ring.n_stages

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents import wire
+from agents.process import wire
 from agents.modes.dsd.facts import DsdSummary, DsdVerify
 from testbed.core import physics
 from testbed.core.records import LapRecord, mbit_to_bytes_s
@@ -35,7 +35,7 @@ def summarize(laps: list[LapRecord], sc: Scenario) -> DsdSummary | None:
     verify = float(np.mean([lap.duration_s for lap in verifies]))
     queue = float(np.mean([lap.facts.queue_s for lap in verifies]))
     p_hit = float(np.mean([bool(lap.facts.ready) for lap in rounds])) if spec.pipelined else 0.0  # began drafted
-    from agents.configs import model_config  # the target's vocabulary: what a PROBS row holds
+    from agents.zoo.configs import model_config  # the target's vocabulary: what a PROBS row holds
 
     up, down = round_bytes(k, model_config(sc.model).vocab_size)
     serialization = (up + down) / mbit_to_bytes_s(spec.rate_mbit)  # 0 when the edge link is unlimited

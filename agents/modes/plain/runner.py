@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from agents.prompts import prompt_ids
-from agents.ring import CONTEXT_KEEP, RingClient
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import CONTEXT_KEEP, RingClient
 from testbed.core.decode import DecodeConfig
 from testbed.core.records import LapRecord
 
@@ -20,8 +20,8 @@ class PlainMode:
 
     @classmethod
     def last_head(cls, config: DecodeConfig, ring: RingClient):
-        """placement.head = "last": the last stage samples each lap's token (agents.head.sampled_head)."""
-        from agents.head import sampled_head
+        """placement.head = "last": the last stage samples each lap's token (agents.process.head.sampled_head)."""
+        from agents.process.head import sampled_head
 
         return sampled_head(cls(config, ring).sample)
 

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from agents.modes.speculative.facts import SpecRound
 from testbed.core import physics
 from testbed.core.records import LapRecord
-from testbed.run.histogram import RunningHistogram, merge
+from testbed.launch.histogram import RunningHistogram, merge
 from testbed.scenario.config import Scenario
 
 SPEC_MAX_POSITIONS = 32  # accepted-per-position counters exist up to this K
@@ -105,7 +105,7 @@ class SpecRounds:
 
     def predicted_tok_s(self, log: Any) -> float | None:
         """r_spec = Gamma / (K c_d + C + T_ring) with the measured Gamma, K c_d and C (seed 000, Eq. 7), once there
-        are rounds: the run's headline prediction (testbed.run.predict)."""
+        are rounds: the run's headline prediction (testbed.launch.predict)."""
         totals = self.overall
         if not totals.rounds:
             return None
@@ -116,7 +116,7 @@ class SpecRounds:
     @staticmethod
     def metrics(logs: Sequence[Any], current: Any) -> Iterator[Metric]:
         """Speculation counters with vLLM's names (spec_decode_num_drafts, ...) over every phase's run log (`logs`,
-        testbed.run.runlog.RunLog, the current phase's last), and the current phase's gauges."""
+        testbed.launch.runlog.RunLog, the current phase's last), and the current phase's gauges."""
         parts: list[SpecRounds] = [log.parts[SpecRounds.name] for log in logs]
         for name, attribute, doc in (
                 ("testbed_spec_decode_num_drafts", "rounds", "Speculation rounds (vLLM: spec_decode_num_drafts)"),
@@ -149,4 +149,4 @@ class SpecRounds:
         yield from (alpha, gamma, k)
 
 
-PART = SpecRounds  # its part of the run log (testbed.run.runlog.lap_parts)
+PART = SpecRounds  # its part of the run log (testbed.launch.runlog.lap_parts)

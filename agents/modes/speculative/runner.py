@@ -24,10 +24,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agents.model import GPT
+from agents.zoo.model import GPT
 from agents.modes.speculative.facts import SpecRound
-from agents.prompts import prompt_ids
-from agents.ring import CONTEXT_KEEP, RingClient
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
@@ -112,7 +112,7 @@ class Drafter:
         self.alpha = alpha
         self.temperature = temperature
         self.draft_s = draft_s  # emulated per-token draft time (0 = real time only), already dilated
-        self.dilation = dilation  # real drafting is padded to this many times its length (testbed.run.dilation)
+        self.dilation = dilation  # real drafting is padded to this many times its length (testbed.launch.dilation)
         self.rand = rand
         self.cache = model.new_cache(model.config.n_layer)
         self.fed: list[int] = []  # tokens whose keys/values are in the cache, in order
@@ -241,7 +241,7 @@ class SpeculativeMode:
     """
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.shared import draft_name, shared_model
+        from agents.process.shared import draft_name, shared_model
 
         self.config = config
         self.ring = ring

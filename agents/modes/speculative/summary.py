@@ -67,7 +67,7 @@ def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> SpecSummary | No
 
 
 def summarize_totals(log, scenario: Scenario) -> SpecSummary | None:
-    """summarize over every round of a run longer than the run log's window (testbed.run.runlog.RunLog), from its
+    """summarize over every round of a run longer than the run log's window (testbed.launch.runlog.RunLog), from its
     running part (metrics.SpecRounds)."""
     spec: SpecRounds = log.parts[SpecRounds.name]
     if not spec.overall.rounds:

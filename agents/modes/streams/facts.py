@@ -38,7 +38,7 @@ class StreamsSummary(JsonRecord):
         return self.aggregate_tok_s, self.aggregate_predicted_tok_s, self.aggregate_error_pct
 
     def calibration_lap(self) -> tuple[float, float]:
-        """At zero delay (testbed.run.dilation): (what a stream's lap took beyond physics.streams_rates' lap with the
+        """At zero delay (testbed.launch.dilation): (what a stream's lap took beyond physics.streams_rates' lap with the
         measured passes, ms; that lap, s). A lap's M frames cross every hop one by one, so the testbed's cost of a
         lap grows with M, which one frame's calibration (plain decode) does not see."""
         physics_s = self.streams / self.aggregate_predicted_tok_s

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from agents.modes import per_stream
 from agents.modes.streams.summary import predicted_rates
 from testbed.core.records import LapRecord, alike_runs
-from testbed.run.histogram import RunningHistogram, merge, rate_buckets
+from testbed.launch.histogram import RunningHistogram, merge, rate_buckets
 from testbed.scenario.config import Scenario
 
 STREAMS_WINDOW_LAPS_PER_STREAM = 4  # the streams gauges are over this many recent decode laps of each stream
@@ -156,4 +156,4 @@ class StreamsRecent:
         yield from (utilization, batch)
 
 
-PART = StreamsRecent  # its part of the run log (testbed.run.runlog.lap_parts)
+PART = StreamsRecent  # its part of the run log (testbed.launch.runlog.lap_parts)

@@ -11,7 +11,7 @@ each, the head samples the stream's next token and the front embeds it and sends
 - ``continuous``: a stage runs every one-token frame queued when it turns to its inbox as one batched
   forward pass, then sends them on as one burst. The entry waits for every stream's first token, so the
   decode starts as one convoy of M streams, which stays together: each lap costs every stage its batched
-  cost compute_ms + per_token_ms (M - 1). The convoy travels as one BATCH frame (agents.wire: [M, 1, C] and
+  cost compute_ms + per_token_ms (M - 1). The convoy travels as one BATCH frame (agents.process.wire: [M, 1, C] and
   a row per stream), so a hop costs a frame, not M; its M laps share the frame's stamps and are reported
   together (RingClient.report_laps).
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from agents import wire
-from agents.prompts import prompt_ids
-from agents.ring import CONTEXT_KEEP, RingClient
+from agents.process import wire
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import CONTEXT_KEEP, RingClient
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import WireError
 from testbed.core.records import LapRecord

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agents.configs import vocabulary
+from agents.zoo.configs import vocabulary
 from testbed.core import physics
 from testbed.core.records import LapRecord, alike_runs
 from agents.modes.streams.facts import StreamsSummary

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from agents import wire
-from agents.model import GPT
+from agents.process import wire
+from agents.zoo.model import GPT
 from agents.modes.plain.runner import PlainMode
 from agents.modes.tp.facts import TpToken
-from agents.ring import RingClient
+from agents.process.ring import RingClient
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import WireError
 from testbed.core.records import LapRecord, Stamp

@@ -33,13 +33,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agents import wire
-from agents.model import GPT, tree_mask
+from agents.process import wire
+from agents.zoo.model import GPT, tree_mask
 from agents.modes.speculative.runner import EPS, probabilities, sample
 from agents.modes.tree.facts import TreeRound
-from agents.prompts import prompt_ids
-from agents.ring import CONTEXT_KEEP, RingClient
-from agents.stage import PipelineStage
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import CONTEXT_KEEP, RingClient
+from agents.process.stage import PipelineStage
 from testbed.core.clock import Clock
 from testbed.core.decode import DecodeConfig
 
@@ -198,7 +198,7 @@ class TreeMode:
     """The entry's loop: draft a tree, verify it in one lap, keep the accepted path; one lap record per round."""
 
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
-        from agents.shared import draft_name, shared_model
+        from agents.process.shared import draft_name, shared_model
 
         self.config, self.ring = config, ring
         self.drafter = TreeDrafter(shared_model(draft_name(config.draft, ring.stage.model)), config, config.draft_ms / 1e3, ring.clock, ring.dilation)

@@ -46,8 +46,8 @@ def memory_mb(pid: int) -> dict[str, float]:
 async def one_start(fork_server: bool) -> dict:
     """Run the ring once: ready times, memory a few laps in, and the server's preload (fork server only)."""
     from netem.userspace import UserspaceShaper
-    from testbed.run.launcher import Launcher, new_run_id
-    from testbed.run.runlog import RunLog
+    from testbed.launch.launcher import Launcher, new_run_id
+    from testbed.launch.runlog import RunLog
 
     scenario = agent_ring()
     shaper = UserspaceShaper(list(scenario.links), scenario.n_stages, new_run_id())

@@ -27,8 +27,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from agents import wire
-from agents.reader import FrameReader
+from agents.process import wire
+from agents.process.reader import FrameReader
 from netem.userspace import DEFAULT_RTO_MS
 from testbed.core import clock
 from testbed.core.channel import encode_line

@@ -35,9 +35,9 @@ def launcher_cost_per_lap_us(log_size: int) -> tuple[float, float]:
     logged, and one Prometheus scrape of the collector at that size; both in microseconds."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from testbed.run.collector import RunCollector
+    from testbed.launch.collector import RunCollector
     from testbed.core.records import LapRecord
-    from testbed.run.runlog import RunLog
+    from testbed.launch.runlog import RunLog
 
     scenario = load_scenario("geo-ring")
     log = RunLog(scenario)

@@ -172,7 +172,7 @@ def run_rows(shaper: str, rows: tuple[str, ...], tokens: int, only: str | None =
     """Every row in every variant (or the `only` one: a backend without it runs its first), one after another (each
     row's variants back to back: same box load). A row is a scenario, or "scenario;KEY=VALUE;..." (--set overrides:
     the hidden-size sweep's rows, testbed.studies.bench.hidden)."""
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     variants = VARIANTS_BY_SHAPER.get(shaper, VARIANTS)
     if only is not None:

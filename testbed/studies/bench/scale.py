@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from testbed.run.dilation import BUDGET_S
+from testbed.launch.dilation import BUDGET_S
 from testbed.scenario.config import load_scenario
 from testbed.studies.base import dilation_cell, dilation_of
 from testbed.core.errors import TestbedError, leaf_errors
@@ -49,7 +49,7 @@ def scale_scenario(n_stages: int, streams: int):
 def scale_table(console: Console, quick: bool) -> list[dict]:
     """The largest M the box sustains with the aggregate within SCALE_TARGET_PCT of physics.streams_rates, and
     what each agent costs in CPU and memory (the agents report getrusage at their end)."""
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     rows: list[dict] = []
     table = Table(title=f"5. scale: streams in flight (continuous batching, {SCALE_TOKENS} tokens each, time-dilated "

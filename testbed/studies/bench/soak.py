@@ -32,7 +32,7 @@ from testbed.core.errors import TestbedError
 from testbed.core.records import LapRecord
 
 if TYPE_CHECKING:
-    from testbed.run.runlog import RunLog
+    from testbed.launch.runlog import RunLog
 
 SOAK_LAPS = 10_000
 SOAK_LAPS_QUICK = 1_000
@@ -283,10 +283,10 @@ async def soak(laps: int = SOAK_LAPS, *, warmup_fraction: float = WARMUP_FRACTIO
     window_laps: the run log's window (default runlog.LAP_WINDOW)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from testbed.run.collector import RunCollector
-    from testbed.run.launcher import Launcher, prepare
-    from testbed.run.runlog import LAP_WINDOW, RunLog
-    from testbed.run.summarize import summarize
+    from testbed.launch.collector import RunCollector
+    from testbed.launch.launcher import Launcher, prepare
+    from testbed.launch.runlog import LAP_WINDOW, RunLog
+    from testbed.launch.summarize import summarize
 
     window_laps = window_laps or LAP_WINDOW
     warm_at = warmup_laps(laps, warmup_fraction, window_laps)

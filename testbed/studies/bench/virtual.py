@@ -63,7 +63,7 @@ def virtual_scale_row(n_stages: int, streams: int, tokens: int) -> dict:
     physics.streams_rates for many streams), its wall time and this process's peak RSS (every agent is in it)."""
     import resource
 
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     scenario = virtual_scale_scenario(n_stages, streams, tokens)
     started = time.monotonic()

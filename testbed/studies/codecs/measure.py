@@ -25,8 +25,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from agents import wire
-from agents.prompts import synthetic
+from agents.process import wire
+from agents.zoo.prompts import synthetic
 from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, make_scenario, plan_runs, print_tables,
                                   write_json)
 from testbed.scenario.config import Scenario
@@ -77,7 +77,7 @@ def frame_timing_us(tensor: np.ndarray, codec: WireConfig) -> tuple[int, float, 
 @torch.inference_mode()
 def quality(scenario: Scenario, codecs: tuple[WireConfig, ...]) -> dict[str, tuple[float, float, float]]:
     """(greedy agreement, mean KL, alpha-hat) of each codec over the fixed windows."""
-    from agents.train import MODEL_CONFIGS, load_model
+    from agents.zoo.train import MODEL_CONFIGS, load_model
 
     model, draft = load_model(scenario.model), load_model("draft")
     cuts = scenario.layer_ranges(MODEL_CONFIGS[scenario.model].n_layer)
@@ -98,7 +98,7 @@ def quality(scenario: Scenario, codecs: tuple[WireConfig, ...]) -> dict[str, tup
 
 
 def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace) -> dict:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     overrides = list(args.overrides) + [f'wire.codec="{codec.codec}"', f"wire.block={codec.block}",
                                         "decode.mode=plain", f"decode.prompt_tokens={PROMPT_TOKENS}",
@@ -112,7 +112,7 @@ def measure_ttft(scenario_name: str, codec: WireConfig, args: argparse.Namespace
 
 def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list[CodecRow]:
     scenario = make_scenario(scenario_name, overrides=list(args.overrides))
-    from agents.train import MODEL_CONFIGS
+    from agents.zoo.train import MODEL_CONFIGS
 
     width = MODEL_CONFIGS[scenario.model].n_embd
     rng = np.random.default_rng(0)

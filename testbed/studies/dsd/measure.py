@@ -133,7 +133,7 @@ def crossover(rows: list[DsdRow], mode: str = "pipelined", against: str = "coloc
 
 async def measure(args: argparse.Namespace, rtts: list[float], clients: list[int], jitters: list[float],
                   log) -> DsdResult:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     base = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}"]
 

@@ -222,8 +222,8 @@ def _phi_cdf(x: float) -> float:
 async def measure(args: argparse.Namespace, jitters: list[float], losses: list[float], log,
                   shaper: str | None = None) -> FaultsResult:
     """Every row on one backend (`shaper`, default args.shaper)."""
-    from testbed.run.launcher import run_scenario
-    from testbed.run.runlog import RunLog
+    from testbed.launch.launcher import run_scenario
+    from testbed.launch.runlog import RunLog
 
     base = with_fault(make_scenario(args.scenario, overrides=list(args.overrides) + [
         f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0", "decode.mode=plain"]))

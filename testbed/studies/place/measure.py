@@ -166,7 +166,7 @@ def run(args: argparse.Namespace, console: Console) -> PlaceResult:
     rows = [placement(scenario, "as given")] + [placement(sc, label) for label, sc in runs]
     shaper = "-"
     if args.measure:
-        from testbed.run.launcher import run_scenario
+        from testbed.launch.launcher import run_scenario
 
         ensure_models_on(console)
         measured = []

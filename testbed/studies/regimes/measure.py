@@ -149,7 +149,7 @@ def table(result: RegimesResult) -> Table:
 
 async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str, ...], tokens: int,
                   log) -> RegimesResult:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     base = make_scenario(scenario_name, overrides=list(args.overrides))
     if "streams" in kinds and base.n_stages < 2:

@@ -71,7 +71,7 @@ def reproduce(row: PublishedRow, args: argparse.Namespace) -> ReproducedRow:
     predicted = predict.decode_tok_s(sc, 0, 1)  # no [[stages]] hardware: the compute is flat in the context
     measured = None
     if args.measure:
-        from testbed.run.launcher import run_scenario
+        from testbed.launch.launcher import run_scenario
 
         summary = trio.run(lambda: run_scenario(sc, args.shaper, log=lambda m: None, dilation=args.dilation))
         measured = summary.measured_tok_s

@@ -69,4 +69,11 @@ NOT_EXPRESSED = (
     (11, "Petals, public swarm", "a swarm's servers, links and load vary and are not stated"),
     (12, "SpecEdge", "draft and verify times, K and the link are not stated (the dsd study measures the same "
                      "trade-off with them given)"),
+    (13, "distributed-llama, 8B Q40 TP on 4 x Raspberry Pi 5", "its transfer time (75.34 ms for 1.6 MB a token, "
+                                                               "where 1 Gbit/s carries it in 13 ms) is the Pis' "
+                                                               "sync protocol, not stated as links; the TP mode runs "
+                                                               "the byte model only"),
+    (14, "distributed-llama, 8B Q40 TP on 2 x Raspberry Pi 5", "as row 13 (56.39 ms for 544 kB a token)"),
+    (15, "llama.cpp RPC, round trips a token", "a protocol's count of round trips, not a rate: the probe of the "
+                                               "deployment search (issue 53) is to measure it"),
 )

@@ -33,7 +33,7 @@ def sweep_scenario(name_or_path: str | Scenario, ks: list[int], *, alpha: float 
 
 
 def run_sweep(args: argparse.Namespace, ks: list[int], alpha: float | None, console: Console) -> RunSummary:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     scenario = sweep_scenario(args.scenario, ks, alpha=alpha, rounds=args.rounds,
                               overrides=list(args.overrides) + ([f"decode.tokens={args.tokens}"] if args.tokens else []))

@@ -63,7 +63,7 @@ def scaled_links(sc: Scenario, factor: float) -> Scenario:
 
 
 async def measure(args: argparse.Namespace, scales: list[float], log) -> TpResult:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     common = list(args.overrides) + [f"decode.tokens={args.tokens or TOKENS}", "decode.temperature=0"]
     pp_base = make_scenario(args.scenario, overrides=common)

@@ -95,7 +95,7 @@ def fit(rows: list[TreeRow], t_ring_s: float, hop_rates_bytes_s: list[float]) ->
 
 
 async def measure(args: argparse.Namespace, ns: list[int], rates: list[float], codecs: list[str], log) -> TreeSweep:
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
     from agents.modes.tree.summary import hop_rates_bytes_s
 
     common = list(args.overrides) + ["decode.mode=tree", f"decode.tokens={args.tokens or TOKENS}",

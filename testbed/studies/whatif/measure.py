@@ -15,7 +15,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from agents.prompts import prompt_window
+from agents.zoo.prompts import prompt_window
 from testbed.scenario.config import Scenario, apply_override, scenario_from_dict
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace, console: Console) -> WhatifResult:
         raise ConfigError(f"the tiny model computing the tokens holds {CONTEXT} positions: the prompt's window it "
                           f"computes ({prompt_window(args.prompt, CONTEXT)}) and --tokens must fit in them",
                           key="--tokens")
-    from testbed.run.launcher import run_scenario
+    from testbed.launch.launcher import run_scenario
 
     ensure_models_on(console)
     log_to(console)(f"measuring {result.whatif} on {args.shaper} ({args.tokens} tokens)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from agents import wire
+from agents.process import wire
 from testbed.scenario.config import Scenario
 from testbed.core import physics
 from testbed.core.records import JsonRecord
@@ -34,7 +34,7 @@ def frame_bytes(scenario: Scenario, hop: int, n_positions: int) -> int:
     if codec.width:
         payload = wire.emulated_payload_bytes(n_positions, codec)
     else:
-        from agents.configs import model_config
+        from agents.zoo.configs import model_config
 
         payload = wire.payload_bytes(_zeros(n_positions, model_config(scenario.model).n_embd), codec)
     return wire.HEADER.size + (hop + 1) * wire.STAMP.size + payload

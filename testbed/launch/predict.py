@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from testbed.core import physics
-from testbed.run.runlog import RunLog
+from testbed.launch.runlog import RunLog
 
 
 def wall_tok_s(log: RunLog) -> float | None:

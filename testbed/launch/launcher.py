@@ -15,17 +15,17 @@ import trio
 
 from agents.forkserver.client import ForkServer
 from agents.modes import MODES
-from agents.spec import AgentSpec
+from agents.process.spec import AgentSpec
 from netem.base import Shaper
 from testbed.core.channel import encode_line, read_lines
 from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
 from testbed.core.process import stop_process
 from testbed.core.records import LapRecord, expand_laps
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
-from testbed.run.budget import run_budget
-from testbed.run.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
-from testbed.run.runlog import RunLog
-from testbed.run.summarize import self_check, summarize
+from testbed.launch.budget import run_budget
+from testbed.launch.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
+from testbed.launch.runlog import RunLog
+from testbed.launch.summarize import self_check, summarize
 from testbed.scenario.config import Scenario
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
@@ -33,7 +33,7 @@ READY_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.8  # Ctrl-C / failure: every child is gone within ~2 x this
 STDERR_TAIL_LINES = 40
-FORK_SERVER_ENV = "GEO_RING_FORK_SERVER"  # "0": start every agent as a fresh process (python -m agents.agent)
+FORK_SERVER_ENV = "GEO_RING_FORK_SERVER"  # "0": start every agent as a fresh process (python -m agents.process.agent)
 EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Group)\b.*")  # "trio.BrokenResourceError: ..."
 
 
@@ -63,7 +63,7 @@ class Launcher:
                  fork_server: bool | None = None) -> None:
         self.scenario = scenario
         # Agents forked from one process that imported torch and loaded the weights (agents.forkserver), unless
-        # fork_server=False or GEO_RING_FORK_SERVER=0: then each is a fresh `python -m agents.agent`.
+        # fork_server=False or GEO_RING_FORK_SERVER=0: then each is a fresh `python -m agents.process.agent`.
         self.fork_server = os.environ.get(FORK_SERVER_ENV, "1") != "0" if fork_server is None else fork_server
         self.forks: ForkServer | None = None
         self.requested_at: dict[int, float] = {}  # stage -> when the launcher asked for its agent
@@ -107,9 +107,9 @@ class Launcher:
 
     async def _spawn(self, nursery: trio.Nursery, spec: AgentSpec) -> tuple[trio.Process, trio.abc.ReceiveStream]:
         """Start agent `spec`: (its process, its control stream). On a simulated backend the "process" is a Trio
-        task in this one (agents.inprocess.TaskAgent), on the shaper's transport and clock."""
+        task in this one (agents.process.inprocess.TaskAgent), on the shaper's transport and clock."""
         if self.shaper.in_process:
-            from agents.inprocess import TaskAgent
+            from agents.process.inprocess import TaskAgent
 
             agent = TaskAgent(spec, self.shaper.transport, self.shaper.clock)
             nursery.start_soon(agent.run)
@@ -125,7 +125,7 @@ class Launcher:
         self.requested_at[spec.stage] = self.clock.now()
         read_fd, write_fd = os.pipe()
         argv = self.shaper.agent_command_prefix(spec.stage) + [
-            sys.executable, "-m", "agents.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)]
+            sys.executable, "-m", "agents.process.agent", "--spec", spec.to_json(), "--control-fd", str(write_fd)]
         try:
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
@@ -271,12 +271,12 @@ class Launcher:
         before a simulated run starts. The fork server sees to it itself: this process never imports torch then."""
         if self.fork_server and not self.shaper.in_process:
             return
-        from agents.train import ensure_trained
+        from agents.zoo.train import ensure_trained
 
         await trio.to_thread.run_sync(ensure_trained)
 
     async def _run(self) -> None:
-        from agents.configs import model_config
+        from agents.zoo.configs import model_config
 
         specs = self.agent_specs(model_config(self.scenario.model).n_layer)  # "target-deep": 16 layers
         self.runlog.shaper, self.runlog.shaper_reason = self.shaper.name, self.shaper.reason
@@ -358,7 +358,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
                   ) -> tuple[Shaper, DilationSummary | None]:
     """The shaper for `scenario`'s links as the box runs them, and the time dilation (None: not dilated).
 
-    dilation: a factor >= 1 or "auto" (testbed.run.dilation); auto and compensate run a short calibration
+    dilation: a factor >= 1 or "auto" (testbed.launch.dilation); auto and compensate run a short calibration
     first, kept in `calibrations` (pass one dict to phases of one ring so that they calibrate once).
     """
     from netem.base import ShaperOptions
@@ -390,7 +390,7 @@ async def run_scenario(scenario: Scenario, shaper_kind: str = "auto", *, runlog:
                        dilation: float | str = 1.0, compensate: bool = False,
                        calibrations: dict | None = None, budget_s: float = BUDGET_S) -> RunSummary:
     """Choose the shaper (and the dilation) and run one scenario (testbed.api.run wraps this); inside a study's
-    budget (testbed.run.budget) its share of it and the study's calibrations."""
+    budget (testbed.launch.budget) its share of it and the study's calibrations."""
     log = log or (lambda message: print(message, file=sys.stderr))
     budget_s, calibrations, counted = run_budget(budget_s, calibrations)
     shaper, chosen = await prepare(scenario, shaper_kind, dilation=dilation, compensate=compensate, log=log,

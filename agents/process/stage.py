@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from agents.model import GPT, KVCache, tree_mask
+from agents.zoo.model import GPT, KVCache, tree_mask
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class PipelineStage:
         self.caches: dict[int, KVCache] = {}
         self.trees: dict[int, list[int]] = {}  # stream -> the parents of the tree its next block is
         self.last_tree: dict[int, tuple[list[int], list[int]]] = {}  # stream -> (parents, tokens) of its last tree
-        if plan.last_layer > plan.first_layer:  # a separate head's agent (agents.head) runs no layers
+        if plan.last_layer > plan.first_layer:  # a separate head's agent (agents.process.head) runs no layers
             self.cache_for(0)
 
     def cache_for(self, stream: int) -> KVCache:

@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 
-from agents.configs import vocabulary
+from agents.zoo.configs import vocabulary
 from agents.modes import MODES
 from testbed.core import physics
 from testbed.core.records import LapRecord, alike_runs
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
-from testbed.run import predict
-from testbed.run.runlog import DECODE_KINDS, RunLog
+from testbed.launch import predict
+from testbed.launch.runlog import DECODE_KINDS, RunLog
 from testbed.scenario.config import Scenario
 
 SELF_CHECK_BASE_TOLERANCE_MS = 0.5  # plus 2% of the delay and 3 jitter sigmas: a link outside this is "off"

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from agents import wire
+from agents.process import wire
 
 
 def batches(items: list[tuple[wire.Frame, float]]) -> list[list[tuple[wire.Frame, float]]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents import wire
-from agents.stage import PipelineStage
+from agents.process import wire
+from agents.process.stage import PipelineStage
 from testbed.core.errors import WireError
 
 

@@ -14,9 +14,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from agents import wire
-from agents.ring import RingClient
-from agents.stage import PipelineStage
+from agents.process import wire
+from agents.process.ring import RingClient
+from agents.process.stage import PipelineStage
 from testbed.core.errors import WireError
 
 

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from agents import wire
+from agents.process import wire
 from testbed.core.errors import WireError
 from testbed.core.facts import PrefillChunk
 from testbed.core.records import HeadTiming, LapRecord
@@ -14,7 +14,7 @@ from testbed.core.records import HeadTiming, LapRecord
 
 async def chunked_prefill(ring: Any, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]
                           ) -> tuple[Any, LapRecord]:
-    """The prompt in chunks of `chunk` tokens over `ring` (an agents.ring.RingClient), sent back to back.
+    """The prompt in chunks of `chunk` tokens over `ring` (an agents.process.ring.RingClient), sent back to back.
 
     The chunks are pipelined: chunk j+1 leaves the entry while chunk j is on the ring (each stage keeps the
     earlier chunks' KV, and frames on a link stay in order). Every chunk but the last is reported now as a

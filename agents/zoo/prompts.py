@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import pathlib
 
-from agents.configs import BYTES
+from agents.zoo.configs import BYTES
 from testbed.core.decode import DecodeConfig
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "model.py"

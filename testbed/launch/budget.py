@@ -10,7 +10,7 @@ from testbed.core.summary import RunSummary
 
 # A study's default (--budget-s on every study command): the dilated decode of all its runs together. The default
 # with the most runs, dsd's 22, then gets ~11 s of decode a run, which leaves its rows' start-ups and calibrations
-# room inside 10 minutes. A share only caps D: a run whose 0.3% needs less takes less (testbed.run.dilation).
+# room inside 10 minutes. A share only caps D: a run whose 0.3% needs less takes less (testbed.launch.dilation).
 STUDY_BUDGET_S = 240.0
 
 

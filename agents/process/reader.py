@@ -1,4 +1,4 @@
-"""Whole frames off a byte stream (agents.wire's format): what an agent's inbound connection reads with."""
+"""Whole frames off a byte stream (agents.process.wire's format): what an agent's inbound connection reads with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from agents.wire import HEADER, PAD_PIECE, Frame, WireConfig, decode_body, decode_header
+from agents.process.wire import HEADER, PAD_PIECE, Frame, WireConfig, decode_body, decode_header
 from testbed.core.errors import LinkBroken, WireError
 
 RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive

@@ -14,9 +14,9 @@ from testbed.core.facts import PrefillChunk
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
 from testbed.core.records import BYTES_PER_MBIT, LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
-from testbed.run.histogram import RunningHistogram, latency_buckets
-from testbed.run.trace import TraceWriter
-from testbed.run.trace import current as current_trace
+from testbed.launch.histogram import RunningHistogram, latency_buckets
+from testbed.launch.trace import TraceWriter
+from testbed.launch.trace import current as current_trace
 from testbed.scenario.config import Scenario
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def lap_parts() -> list[type]:
     its Prometheus families. A part has a `name` (its key in RunLog.parts), `__init__(scenario, lap_buckets,
     compute_buckets)`, `add(records, compute, decode)` (a batch of alike laps: RunLog.add_laps; it keeps those it
     wants) and `metrics(logs, current)` (its families over every phase's run log); it may have
-    `predicted_tok_s(log)`, the run's headline prediction once it has one (testbed.run.predict)."""
+    `predicted_tok_s(log)`, the run's headline prediction once it has one (testbed.launch.predict)."""
     return [module.PART for module in parts("metrics")]
 
 
@@ -81,7 +81,7 @@ class RunLog:
     def __init__(self, scenario: Scenario, *, metrics_url: str | None = None, lap_log: Path | None = None,
                  window_laps: int = LAP_WINDOW, trace: TraceWriter | None = None) -> None:
         """lap_log: a file every lap is appended to as one JSON line (LapRecord.to_json) as it arrives. trace:
-        a timeline every lap is added to (testbed.run.trace; default: that of the `tracing` block this is made in)."""
+        a timeline every lap is added to (testbed.launch.trace; default: that of the `tracing` block this is made in)."""
         self.scenario = scenario
         self.trace = trace if trace is not None else current_trace()
         self.metrics_url = metrics_url

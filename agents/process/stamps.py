@@ -1,4 +1,4 @@
-"""A frame's stamps on the wire: one fixed record per stage the frame has passed (agents.wire), kept packed as they
+"""A frame's stamps on the wire: one fixed record per stage the frame has passed (agents.process.wire), kept packed as they
 came so that a stage adds its own without unpacking the ones before."""
 
 from __future__ import annotations

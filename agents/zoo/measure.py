@@ -7,10 +7,10 @@ import time
 
 import torch
 
-from agents.checkpoint import _threads
-from agents.corpus import KINDS
-from agents.configs import decode, encode
-from agents.model import GPT
+from agents.zoo.checkpoint import _threads
+from agents.zoo.corpus import KINDS
+from agents.zoo.configs import decode, encode
+from agents.zoo.model import GPT
 
 DECODE_PREFILL = 128  # decode timing starts mid-context, as the ring does
 DECODE_STEPS = 64
@@ -84,7 +84,7 @@ DEFAULT_PROMPT = "def add(a, b):\n    return "  # the geo ring's prompt
 
 
 def report(meta: dict, models: dict[str, GPT]) -> str:
-    """The table `python -m agents.train` prints: corpus mix, losses, acceptance, decode cost, samples."""
+    """The table `python -m agents.zoo.train` prints: corpus mix, losses, acceptance, decode cost, samples."""
     lines = []
     corpus = meta["corpus"]
     mix = ", ".join(f"{kind} {s['train_bytes'] + s['val_bytes']:,} B" for kind, s in corpus["kinds"].items())

@@ -1,6 +1,6 @@
 """The agent process: one pipeline stage serving hidden-state frames around the ring (Trio).
 
-Forked by the launcher's fork server (agents.forkserver), or started as ``python -m agents.agent --spec JSON
+Forked by the launcher's fork server (agents.forkserver), or started as ``python -m agents.process.agent --spec JSON
 --control-fd FD`` (JSON: an AgentSpec); either way it runs `run_process`.
 
 Launcher -> agent, JSON lines on stdin:
@@ -30,11 +30,11 @@ from typing import Any, Callable
 import torch
 import trio
 
-from agents.codec import emulated_payload_bytes
-from agents.prompts import prompt_ids
-from agents.ring import RingClient
-from agents.spec import AgentSpec
-from agents.stage import PipelineStage, StagePlan
+from agents.process.codec import emulated_payload_bytes
+from agents.zoo.prompts import prompt_ids
+from agents.process.ring import RingClient
+from agents.process.spec import AgentSpec
+from agents.process.stage import PipelineStage, StagePlan
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.decode import resolve
@@ -139,7 +139,7 @@ async def agent_main(spec: AgentSpec, control: Control, commands: trio.abc.Recei
 def build_ring(spec: AgentSpec, control: Control, transport: Transport, clock: Clock,
                say: Callable[[str], None]) -> tuple[RingClient, StagePlan]:
     """This agent's stage (its share of the model) in its ring client, and its place in the ring."""
-    from agents.shared import shared_model
+    from agents.process.shared import shared_model
 
     torch.set_num_threads(spec.threads)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
@@ -178,7 +178,7 @@ async def play_role(spec: AgentSpec, ring: RingClient, plan: StagePlan) -> tuple
         tokens = await resolve(spec.runner)(spec.decode, ring).run()
         return ("done", {"tokens": tokens}) if plan.is_entry else ("finished", None)
     if spec.is_head:
-        from agents.head import serve_head
+        from agents.process.head import serve_head
 
         await serve_head(ring, resolve(spec.runner)(spec.decode, ring).sample)
         return "finished", None
@@ -217,7 +217,7 @@ def run_process(spec: AgentSpec, control_fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.agent")
+    parser = argparse.ArgumentParser(prog="python -m agents.process.agent")
     parser.add_argument("--spec", required=True, help="AgentSpec as JSON")
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The codecs' arithmetic apart from the frame layout (agents.wire): blockwise absmax int8 (Petals-style), and the
+"""The codecs' arithmetic apart from the frame layout (agents.process.wire): blockwise absmax int8 (Petals-style), and the
 bytes an emulated geometry's hidden state takes under each codec."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The launcher supervises it exactly as it supervises an agent process: JSON commands on `stdin`, JSON events on
 `control`, log lines on `stderr`, `wait()` for its exit status, `terminate()`/`kill()` to stop it. Its exit
-status follows `agents.agent.main`: 0 at a normal end, 1 after an error (the testbed's own errors are reported as
+status follows `agents.process.agent.main`: 0 at a normal end, 1 after an error (the testbed's own errors are reported as
 an "error" event first, anything else leaves its traceback on stderr), -SIGTERM when it was stopped.
 """
 
@@ -14,7 +14,7 @@ import traceback
 import trio
 import trio.testing
 
-from agents.agent import AgentSpec, Control, agent_main, report_fatal
+from agents.process.agent import AgentSpec, Control, agent_main, report_fatal
 from testbed.core.clock import Clock
 from testbed.core.transport import Transport
 
@@ -46,7 +46,7 @@ class TaskAgent:
                     await agent_main(self.spec, control, self._commands, transport=self.transport, clock=self.clock,
                                      say=self._say)
                     self.returncode = 0
-                except Exception as exc:  # noqa: BLE001 - as agents.agent.main: reported, then an exit status
+                except Exception as exc:  # noqa: BLE001 - as agents.process.agent.main: reported, then an exit status
                     if not report_fatal(exc, control, self._say):
                         self.stderr.put_data("".join(traceback.format_exception(exc)).encode())
                     self.returncode = 1

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from agents.model import GPT
+from agents.zoo.model import GPT
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ describe the current phase. Exact hop-latency quantiles are exported as gauges n
 histogram_quantile interpolates inside a bucket, so the gauges are what to plot or alert on.
 
 A mode's own families (speculation's with vLLM's names, the streams mode's) come from its part of the run log
-(testbed.run.runlog.lap_parts: each part's `metrics`).
+(testbed.launch.runlog.lap_parts: each part's `metrics`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from agents.modes import MODES
-from testbed.run import predict
-from testbed.run.histogram import merge as _merge
-from testbed.run.runlog import RunLog, lap_parts
+from testbed.launch import predict
+from testbed.launch.histogram import merge as _merge
+from testbed.launch.runlog import RunLog, lap_parts
 from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}

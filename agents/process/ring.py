@@ -9,12 +9,12 @@ import numpy as np
 import torch
 import trio
 
-from agents import wire
-from agents.admit import Admission
-from agents.batching import as_float32, batches, rows_of
-from agents.reader import FrameReader
-from agents.spec import AgentSpec
-from agents.stage import PipelineStage
+from agents.process import wire
+from agents.process.admit import Admission
+from agents.process.batching import as_float32, batches, rows_of
+from agents.process.reader import FrameReader
+from agents.process.spec import AgentSpec
+from agents.process.stage import PipelineStage
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
@@ -65,7 +65,7 @@ class RingClient:
         self.kv_ship = spec.kv_ship
         self.tp = spec.tp  # parallel = "tp": the all-reduce agents.modes.tp runs over these links
         # Under time dilation D the real forward passes are padded to D times their length too, so that in the
-        # scenario's time (the box's / D) they take what they took (testbed.run.dilation).
+        # scenario's time (the box's / D) they take what they took (testbed.launch.dilation).
         self.dilation = spec.dilation
         self.mode = spec.decode.mode
         self.report_event = report
@@ -80,7 +80,7 @@ class RingClient:
         self.lap_no = 0
         self.lap_timeout_s = spec.lap_timeout_s
         self.tree_ahead: dict[int, bytes] = {}  # stream -> a TREE frame to send on ahead of its next HIDDEN frame
-        # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.head)
+        # placement.head = "last": (stage, frame, hidden) -> the int32 ids this last stage returns (agents.process.head)
         self.last_head: Callable[[PipelineStage, wire.Frame, np.ndarray], np.ndarray] | None = None
         self.admission = Admission(stage, spec.stage)  # in serve(), a frame that does not fit is refused on arrival
 
@@ -360,8 +360,8 @@ class RingClient:
         return result, record
 
     async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
-        """Chunked prefill (as vLLM and Sarathi), pipelined over the ring: agents.prefill."""
-        from agents.prefill import chunked_prefill
+        """Chunked prefill (as vLLM and Sarathi), pipelined over the ring: agents.process.prefill."""
+        from agents.process.prefill import chunked_prefill
 
         return await chunked_prefill(self, ids, chunk, decide)
 
@@ -381,7 +381,7 @@ class RingClient:
 
     def report_laps(self, records: list[LapRecord]) -> None:
         """Send the laps of one BATCH frame's streams: alike but for their lap, stream and ids, so they go as the
-        first one's record and those three per lap (the stamps once, not once per stream: testbed.run.launcher)."""
+        first one's record and those three per lap (the stamps once, not once per stream: testbed.launch.launcher)."""
         if len(records) == 1:
             return self.report(records[0])
         self.report_event("laps", {"record": records[0].to_dict(), "laps": [r.lap for r in records],

@@ -40,8 +40,8 @@ import numpy as np
 from testbed.core.errors import WireError
 from testbed.core.decode import CODECS, MAX_BLOCK, WireConfig
 from testbed.core.records import Stamp
-from agents.stamps import STAMP, Stamps, pack_stamp, packed_stamps, unpack_stamp  # noqa: F401 - re-exported
-from agents.codec import (dequantize_blocks, emulated_payload_bytes, int8_block_bytes,  # noqa: F401 - re-exported
+from agents.process.stamps import STAMP, Stamps, pack_stamp, packed_stamps, unpack_stamp  # noqa: F401 - re-exported
+from agents.process.codec import (dequantize_blocks, emulated_payload_bytes, int8_block_bytes,  # noqa: F401 - re-exported
                           quantize_blocks)
 
 MAGIC = b"GRNG"
@@ -66,7 +66,7 @@ class Kind(enum.IntEnum):
     VERDICT = 10  # entry -> edge: int32 [accepted, next token]
     BATCH = 11  # a continuous batch moving on as one frame: float32 [B, T, C], T new positions (one token, or a
     #             prompt) of each of B streams, with `rows` (ROW: each one's stream, lap, first position); its stamps
-    #             are the batch's; `pos` is the rows' first (agents.batching)
+    #             are the batch's; `pos` is the rows' first (agents.process.batching)
 
 
 SIDE_KINDS = (Kind.DRAFT, Kind.PROBS)  # frames from edge clients: the entry takes them from a side inbox
@@ -75,7 +75,7 @@ BYE = 1 << 18  # flags of a DRAFT frame: the client is done
 
 
 ROW = np.dtype([("stream", "<u4"), ("pos", "<u4"), ("lap", "<u8")])  # a BATCH frame's row: 16 bytes
-MAX_ROWS = 1024  # rows a BATCH frame may carry: a stage's KV caches (agents.stage.PipelineStage.MAX_STREAMS)
+MAX_ROWS = 1024  # rows a BATCH frame may carry: a stage's KV caches (agents.process.stage.PipelineStage.MAX_STREAMS)
 
 BURST_MASK = 0xFFFF  # flags: how many more frames of the same burst follow this one (sent in one write)
 NO_SAMPLE = 1 << 16  # flags: a prefill chunk before the last; a separate head returns no token for it

@@ -1,4 +1,4 @@
-"""Deterministic offline training of the target, deep target and draft models, shipped in agents/weights/."""
+"""Deterministic offline training of the target, deep target and draft models, shipped in agents/zoo/weights/."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from agents.checkpoint import _load_state, _locked, _save_fp16, _save_state, _sha256, _threads, _write_json
-from agents.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
+from agents.zoo.checkpoint import _load_state, _locked, _save_fp16, _save_state, _sha256, _threads, _write_json
+from agents.zoo.corpus import Corpus, build_corpus, corpus_recipe, warn_if_differs
 from agents.hf.quality import checkpoint_report
-from agents.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
-from agents.configs import DRAFT_CONFIG, MODEL_CONFIGS, GPTConfig
-from agents.model import GPT
+from agents.zoo.measure import ALPHA_WINDOWS, acceptance, bytes_tensor, report, unigram_loss
+from agents.zoo.configs import DRAFT_CONFIG, MODEL_CONFIGS, GPTConfig
+from agents.zoo.model import GPT
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # bump when model.py computes something different, or the checkpoint or metadata layout changes
-DEFAULT_CACHE_DIR = pathlib.Path(__file__).resolve().parents[1] / ".cache" / "models"
+DEFAULT_CACHE_DIR = pathlib.Path(__file__).resolve().parents[2] / ".cache" / "models"
 CACHE_DIR_ENV = "GEO_RING_CACHE"
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent / "weights"  # shipped with the package
 SHIPPED_META_FILE = "weights.json"
@@ -167,7 +167,7 @@ def train_model(name: str, corpus: Corpus, config: GPTConfig | None = None, cfg:
     return model.eval(), stats
 
 
-# ---- shipped weights (agents/weights/) ----
+# ---- shipped weights (agents/zoo/weights/) ----
 
 
 def read_shipped(weights_dir: pathlib.Path | None = None) -> dict | None:
@@ -267,7 +267,7 @@ def load_model(name: str, cache_dir: pathlib.Path | None = None) -> GPT:
 # ---- measurements printed beside the losses ----
 
 
-# ---- --retrain: train everything, measure, write agents/weights/ ----
+# ---- --retrain: train everything, measure, write agents/zoo/weights/ ----
 
 
 def _trained(name: str, corpus: Corpus, cache_dir: pathlib.Path, resume: bool) -> tuple[GPT, dict]:
@@ -366,7 +366,7 @@ def check(weights_dir: pathlib.Path = WEIGHTS_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agents.zoo.train", description=__doc__)
     parser.add_argument("--cache-dir", type=pathlib.Path, default=None, help=f"default: ${CACHE_DIR_ENV} or {DEFAULT_CACHE_DIR}")
     parser.add_argument("--retrain", action="store_true", help=f"train every model from scratch and rewrite {WEIGHTS_DIR}")
     parser.add_argument("--resume", action="store_true", help="with --retrain: reuse models an interrupted --retrain finished")

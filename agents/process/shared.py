@@ -13,7 +13,7 @@ def shared_model(name: str, stage: tuple[int, int, bool] | None = None):
     """Model `name`, once per process: read-only weights, so the agents of a virtual run (all in one process,
     netem.virtual) share one copy, and a real agent process loads each name once.
 
-    A byte model (agents.train.load_model) loads whole (a megabyte). A checkpoint ("hf:PATH", agents.hf.model)
+    A byte model (agents.zoo.train.load_model) loads whole (a megabyte). A checkpoint ("hf:PATH", agents.hf.model)
     loads only what is asked: `stage` = (first layer, last layer exclusive, is the entry) for a pipeline stage,
     None for all of it (a draft)."""
     if name not in _SHARED:
@@ -22,7 +22,7 @@ def shared_model(name: str, stage: tuple[int, int, bool] | None = None):
 
             _SHARED[name] = load_hf(name)
         else:
-            from agents.train import load_model
+            from agents.zoo.train import load_model
 
             _SHARED[name] = load_model(name)
             _SHARED[name].name = name  # what draft_name reads: which model a stage runs

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from agents.configs import BYTES, GPTConfig
+from agents.zoo.configs import BYTES, GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
