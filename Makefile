@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # SCHED_IDLE beside the fidelity tier (tests/tiers.py: on the core that tier leaves idle), and the kernel tier alone
 EXACT_ARGS ?= -n auto --maxprocesses 8
 
-.PHONY: all setup system-deps geo-ring test test-exact test-fidelity test-fast test-netem bench sweep report clean-net clean
+.PHONY: all setup system-deps geo-ring docs test test-exact test-fidelity test-fast test-netem bench sweep report clean-net clean
 
 all: test
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile torch==2.13.0
-	$(PY) -m pip install -q --no-compile -e '.[test]'
+	$(PY) -m pip install -q --no-compile -e '.[test,docs]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -53,6 +53,10 @@ test-fast: test-exact
 test-netem: $(STAMP)
 	$(PY) -m netem.suite $(PYTEST_ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link, anchor or docstring fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) -m testbed bench --shapers virtual,userspace,netem
 
@@ -67,4 +71,4 @@ clean-net: $(STAMP)
 	$(PY) -m testbed clean
 
 clean:
-	rm -rf $(VENV) .cache $(RESULTS) *.egg-info .pytest_cache
+	rm -rf $(VENV) .cache $(RESULTS) *.egg-info .pytest_cache site

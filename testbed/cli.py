@@ -22,18 +22,26 @@ from testbed.scenario.config import Scenario, builtin_names, load_scenario
 from testbed.studies import STUDIES
 from testbed.studies.base import add_run_options, add_trace_option
 
+# the exporter's port unless --metrics-port says otherwise; GEO_RING_METRICS_PORT sets another default (0: any free
+# port), for a script or a test suite that runs several commands at once
+METRICS_PORT_ENV = "GEO_RING_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9464
+
+
+def default_metrics_port() -> int:
+    value = os.environ.get(METRICS_PORT_ENV, "")
+    if not value:
+        return DEFAULT_METRICS_PORT
+    if not value.isdigit() or int(value) > 65535:
+        raise ConfigError(f"{value!r}: expected a port number 0-65535", key=METRICS_PORT_ENV)
+    return int(value)
 
 
 def scenario_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Scenario:
     return api.scenario(args.scenario, tokens=args.tokens, overrides=list(args.overrides) + list(extra or []))
 
 
-def ensure_models(console: Console) -> dict:
-    return api.ensure_models(lambda message: console.print(f"[bold]{message}"))
-
-
-async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int, console: Console,
+async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: int | None, console: Console,
                     dashboard: bool, verbose: bool, options: argparse.Namespace, launch=None) -> list[RunSummary]:
     """Run scenarios (phases) one after another under one exporter and one live dashboard.
 
@@ -45,7 +53,8 @@ async def _run_live(scenarios: list[Scenario], shaper_kind: str, metrics_port: i
     from testbed.launch.summarize import summarize
 
     logs: list[RunLog] = []
-    url = _serve_metrics(RunCollector(lambda: logs), metrics_port, console)
+    url = _serve_metrics(RunCollector(lambda: logs), default_metrics_port() if metrics_port is None else metrics_port,
+                         console)
     lap_log = Path(options.lap_log) if getattr(options, "lap_log", None) else None
     if lap_log is not None:
         lap_log.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +139,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if phase not in MODES:
             raise ConfigError(f"expected phases from {', '.join(MODES)}, got {phase!r}", key="--phases")
     scenarios = [scenario_from_args(args, [f"decode.mode={phase}"] if phase else []) for phase in phases or [None]]
-    ensure_models(console)
+    # No ensure_models here: it imports torch, ~1.5 s this process does not need; the launcher trains (or its fork
+    # server does) if the recipe changed, and says so.
     with tracing(args.trace):
         summaries = trio.run(_run_live, scenarios, args.shaper, args.metrics_port, console, not args.no_dashboard,
                              args.verbose, args)
@@ -204,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one scenario with a live dashboard and print measured vs predicted")
     add_run_options(run)
     run.add_argument("--json", help="write the JSON summary here")
-    run.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                     help=f"Prometheus exporter port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}; 0 = any free)")
+    run.add_argument("--metrics-port", type=int, default=None,
+                     help=f"Prometheus exporter port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}, or "
+                          f"${METRICS_PORT_ENV}; 0 = any free)")
     run.add_argument("--phases", help="run these decode modes one after another, e.g. plain,speculative "
                                       "(JSON files get the mode as a suffix)")
     run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")

@@ -65,3 +65,49 @@ def test_the_hidden_size_sweep_on_virtual_time_is_eq_1_on_the_wire_and_the_close
     extra_s = 3 * (wide["bytes_per_hop"] - narrow["bytes_per_hop"]) / (HIDDEN_RATE_MBIT * 1e6 / 8)
     assert 1 / wide["virtual_tok_s"] - 1 / narrow["virtual_tok_s"] == pytest.approx(extra_s, rel=1e-6)
     assert "3c. hidden-size sweep" in console.export_text()
+
+
+def test_the_quick_bench_runs_the_first_figures_only_and_the_full_bench_every_section(monkeypatch):
+    """--quick: relay precision, per-hop overhead (2, 2b) and the quick Table 2 rows undilated and at auto beside
+    virtual (3, 3b), in minutes; every later section is the full bench's (each faked here, and counted)."""
+    import argparse
+
+    from testbed.studies.bench import measure
+
+    called: list[str] = []
+
+    def fake(name, value):
+        def section(*args, **kwargs):
+            called.append(name)
+            return value
+        return section
+
+    monkeypatch.setattr(measure, "relay_table", fake("relay", []))
+    monkeypatch.setattr(measure, "overhead_table", fake("overhead", {}))
+    monkeypatch.setattr("testbed.studies.bench.hop.hop_breakdown_table", fake("hop", {}))
+    for module, name in (("hidden", "hidden_sweep"), ("launcher", "launcher_cost_table"), ("agents", "agents_table"),
+                         ("scale", "scale_table"), ("virtual", "virtual_scale_table"), ("soak", "soak_line"),
+                         ("studies", "studies_table")):
+        monkeypatch.setattr(f"testbed.studies.bench.{module}.{name}", fake(name, []))
+    ran: list[tuple] = []
+    monkeypatch.setattr(measure, "rows_on", lambda shaper, rows, tokens, console, only=None: ran.append(
+        (shaper, rows, tokens, only)) or [result(shaper, row, label, 1.0, 0.0) for row in rows
+                                          for label, _, _ in measure.variants_of(shaper, only)])
+
+    def bench(quick: bool) -> dict:
+        called.clear()
+        ran.clear()
+        args = argparse.Namespace(quick=quick, shapers="virtual,userspace", only="all", json=None)
+        return measure.run(args, Console(width=400, record=True))
+
+    figures = bench(quick=True)
+    assert called == ["relay", "overhead", "hop"]
+    assert set(figures) == {"fidelity", "relay", "overhead", "hop", "against_virtual"}
+    assert ran == [(shaper, measure.QUICK_ROWS, measure.QUICK_TOKENS, measure.QUICK_VARIANTS)
+                   for shaper in ("virtual", "userspace")]
+    assert {f["variant"] for f in figures["fidelity"] if f["shaper"] == "userspace"} == {"D=1", "auto"}
+    figures = bench(quick=False)
+    assert called == ["relay", "overhead", "hop", "hidden_sweep", "launcher_cost_table", "agents_table",
+                      "scale_table", "virtual_scale_table", "soak_line", "studies_table"]
+    assert [(rows, only) for _, rows, _, only in ran] == [(measure.TABLE2_ROWS, None)] * 2
+    assert {f["variant"] for f in figures["fidelity"] if f["shaper"] == "userspace"} == {"D=1", "auto", "auto+comp"}

@@ -2,6 +2,7 @@
 
 import pytest
 
+from agents.modes.speculative.settings import SpecSettings
 from testbed.scenario.config import builtin_names, load_scenario
 from testbed.scenario.stages import split_layers
 from testbed.core.errors import ConfigError
@@ -40,7 +41,7 @@ def test_builtins_load_and_geo_ring_is_the_paper_ring():
 def test_overrides(tmp_path):
     sc = load_scenario(write(tmp_path, GOOD), ["decode.k=auto", "network.hops_ms=[1, 2]", "stages.*.compute_ms=7",
                                                "decode.prompt=hello world", "decode.mode=speculative"])
-    assert sc.decode.k == "auto" and sc.decode.prompt == "hello world" and sc.decode.mode == "speculative"
+    assert sc.decode.settings(SpecSettings).k == "auto" and sc.decode.prompt == "hello world" and sc.decode.mode == "speculative"
     assert [l.delay_ms for l in sc.ring] == [1, 2]
     assert [s.compute_ms for s in sc.stages] == [7, 7]
     sc = load_scenario(write(tmp_path, GOOD), ["stages.1.compute_ms=9", "scale=0.5"])
@@ -99,3 +100,18 @@ def test_split_layers():
     assert split_layers(7, sc.stages) == [(0, 3), (3, 5), (5, 7)]
     with pytest.raises(ConfigError, match="only 2 layers"):
         split_layers(2, sc.stages)
+
+
+def test_decode_crosses_to_the_agents_typed_and_back_to_its_section():
+    """Each mode's own keys stay in [decode] (decode.k, decode.tree_n) and come back typed as its settings."""
+    from agents.modes.tree.settings import TreeSettings
+    from testbed.core.decode import DecodeConfig
+    from testbed.scenario.decode import decode_from_dict
+
+    sc = load_scenario("geo-ring", ["decode.k=auto", "decode.tree_n=8", "decode.k_sweep=[2, 4]"])
+    decode = DecodeConfig.from_json(sc.decode.to_json())
+    assert decode == sc.decode and isinstance(decode.settings(TreeSettings), TreeSettings)
+    assert decode.settings(TreeSettings).tree_n == 8 and decode.settings(SpecSettings).k_sweep == (2, 4)
+    section = decode.to_section()
+    assert section["k"] == "auto" and section["tree_n"] == 8 and "mode_settings" not in section
+    assert decode_from_dict({**section, "k_sweep": list(section["k_sweep"])}, "<again>") == decode

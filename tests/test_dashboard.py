@@ -83,8 +83,8 @@ def test_spec_summary_shows_k_alpha_gamma_and_r_spec():
 
 def test_predictions_are_read_from_the_summary_not_recomputed():
     odd = replace(SPEC, predicted_tok_s=12.34, error_pct=-42.0,
-                  parts={"spec": replace(SPEC.spec, gamma_predicted=5.67, plain_predicted_tok_s=0.5,
-                                         predicted_tok_s=12.34)})
+                  spec=replace(SPEC.spec, gamma_predicted=5.67, plain_predicted_tok_s=0.5,
+                               predicted_tok_s=12.34))
     narrow, wide = "\n".join(capture(odd, 80, 24)), "\n".join(capture(odd, *WIDE))
     assert "12.34 predicted  error -42.0%" in narrow and "Γ " in narrow and "/5.67" in narrow
     assert f"= {odd.measured_tok_s / 0.5:.1f}× the wall" in wide and "= 0.50 tok/s" in wide
@@ -209,9 +209,9 @@ def test_streams_line_shows_aggregate_per_stream_ceiling_and_busiest_stage():
 
 
 def test_streams_figures_are_read_from_the_summary():
-    odd = replace(STREAMS, parts={"streams": replace(
+    odd = replace(STREAMS, streams=replace(
         STREAMS.streams, aggregate_predicted_tok_s=123.45, aggregate_error_pct=-9.9, per_stream_predicted_tok_s=6.78,
-        ceiling_tok_s=432.1, stage_busy_predicted=(0.11, 0.22, 0.33))})
+        ceiling_tok_s=432.1, stage_busy_predicted=(0.11, 0.22, 0.33)))
     name, busy, busy_predicted = busiest(odd)
     assert busy_predicted in (0.11, 0.22, 0.33)
     text = " ".join(capture(odd, *WIDE))

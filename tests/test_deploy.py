@@ -131,6 +131,39 @@ def test_compute_from_hardware_follows_the_stage_s_share_of_the_model():
     assert dilated.stages[2].cost_ms() == pytest.approx(4 * sc.stages[2].cost_ms())
 
 
+def test_a_preset_s_prefill_costs_compute_per_position_on_the_default_hardware():
+    """Issue 55: a [geometry] stage without hardware prefilled for free past its first position. It now costs its
+    share's FLOPs a position on the fewest PREFILL_HARDWARE that hold the share; prefill_ms_per_token, when set,
+    overrides (0: off); a stage whose compute_ms is pinned on named hardware prefills on that hardware."""
+    from testbed.deploy.rules import PREFILL_HARDWARE
+
+    sc = scenario_from_dict(ring({"preset": "seed-700b"}, [{"name": n, "compute_ms": 11.0} for n in "abc"]))
+    preset, h100 = model_preset("seed-700b"), hardware_preset(PREFILL_HARDWARE)
+    head = preset.vocab * preset.d_model
+    layer_params = (preset.params - 2 * head) / preset.layers
+    flop_s = h100.peak_flops("bf16") * h100.flop_efficiency
+    for i, (layers, fits) in enumerate(((34, 7), (33, 6), (33, 6))):  # the entry also holds the head and embedding
+        share = layers * layer_params + (head if i == 0 else 0)
+        devices = math.ceil((share + (head if i == 0 else 0)) * 2 / h100.memory_bytes)
+        assert devices == fits
+        assert sc.stages[i].prefill_ms_per_token == pytest.approx(2 * share / (devices * flop_s) * 1e3, rel=1e-12)
+    prefill_2000 = sum(st.cost_ms(2000) - st.cost_ms() for st in sc.stages) / 1e3
+    assert 0.5 < prefill_2000 < 2.0  # seed 000: a 2,000-token prefill of a big model takes 1-2 s
+    assert sc.stages[0].cost_ms() == 11.0  # the decode's C is what the scenario says
+    off = scenario_from_dict(ring({"preset": "seed-700b"}, [{"name": n, "compute_ms": 11.0,
+                                                             "prefill_ms_per_token": 0} for n in "abc"]))
+    assert [st.prefill_ms_per_token for st in off.stages] == [0.0] * 3
+    scaled = scenario_from_dict(ring({"preset": "seed-700b"}, [{"name": n, "compute_ms": 11.0} for n in "abc"],
+                                     scale=2.0))
+    assert scaled.stages[1].prefill_ms_per_token == pytest.approx(2 * sc.stages[1].prefill_ms_per_token)
+    pinned = scenario_from_dict(ring({"preset": "llama-3.1-70b"}, [{"name": "a", "hardware": "h100-sxm", "devices": 8,
+                                                                    "compute_ms": 5.0}]))
+    roofline = scenario_from_dict(ring({"preset": "llama-3.1-70b"}, [{"name": "a", "hardware": "h100-sxm",
+                                                                      "devices": 8}])).stages[0].roofline
+    assert pinned.stages[0].prefill_ms_per_token == pytest.approx(roofline.flops_per_token / roofline.flop_s * 1e3)
+    assert scenario_from_dict(ring()).stages[0].prefill_ms_per_token == 0.0  # no geometry: as the scenario says
+
+
 def test_a_scenario_s_own_hardware_table_is_a_preset_too():
     own = {"fpga": {"source": "ours", "memory_gb": 512, "memory_bw_gbs": 1000, "tflops_bf16": 100, "tflops_fp8": 0,
                     "mem_efficiency": 1.0, "flop_efficiency": 1.0, "efficiency_source": "a stated guess"}}
@@ -269,6 +302,20 @@ def test_whatif_links_default_to_one_flow_s_rate_between_regions(tmp_path):
     framed = sum(wire.HEADER.size + stamps * wire.STAMP.size + prompt_bytes for stamps in (1, 2, 3))
     serialization = framed / (5000e6 / 8)
     assert runs[None]["ttft_predicted_s"] - runs["0"]["ttft_predicted_s"] == pytest.approx(serialization, rel=1e-6)
+
+
+def test_whatif_shows_a_preset_s_prefill_compute_and_where_it_comes_from(tmp_path):
+    """Without --hardware a deployment runs on the default hardware (the fewest per stage that hold a share): its
+    TTFT shows the prefill compute the rooflines give, and says on what."""
+    out = tmp_path / "whatif.json"
+    done = whatif("--model", "seed-700b", "--regions", "frankfurt,ireland,london", "--prompt", "1024",
+                  "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert (result["hardware"], result["devices"]) == ("h100-sxm", 7)
+    assert 0.3 < result["prefill_compute_s"] < result["ttft_predicted_s"]
+    said = " ".join(done.stdout.split())
+    assert "of which prefill compute s" in said and "7 x h100-sxm a stage (the default hardware" in said
 
 
 @pytest.mark.parametrize("args, words", [

@@ -18,6 +18,7 @@ from testbed.scenario.config import load_scenario
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from agents.modes.dsd.facts import DsdSummary
+from agents.modes.speculative.settings import SpecSettings
 from testbed.core.summary import DilationSummary, RunSummary
 from testbed.launch.budget import MIN_SHARE_S, STUDY_BUDGET_S, plan_runs, run_budget, study_budget
 from testbed.launch.dilation import (BUDGET_S, CALIBRATION_TOKENS, DILATION_MAX, TARGET_OVERHEAD, Calibration,
@@ -188,7 +189,7 @@ def test_resolve_calibrates_once_per_ring_and_reads_base_and_overhead():
 
     async def main():
         first = await resolve(sc, "auto", compensate=False, run=fake_run, log=lambda m: None, cache=cache)
-        spec = dataclasses.replace(sc, decode=dataclasses.replace(sc.decode, mode="speculative", k=8))
+        spec = dataclasses.replace(sc, decode=dataclasses.replace(sc.decode, mode="speculative").with_settings(SpecSettings, k=8))
         second = await resolve(spec, "auto", compensate=True, run=fake_run, log=lambda m: None, cache=cache)
         return first, second
 
@@ -215,7 +216,7 @@ def test_edge_speculation_calibrates_as_itself_at_a_zero_round_trip():
     sc = load_scenario("edge-cloud", ["decode.mode=speculative", "spec.placement=edge", "spec.rtt_ms=20",
                                       "decode.k=4", "decode.tokens=40"])
     probe = calibration_scenario(sc)
-    assert probe.decode.mode == "dsd" and probe.decode.k == sc.decode.k and probe.decode.tokens == CALIBRATION_TOKENS
+    assert probe.decode.mode == "dsd" and probe.decode.settings(SpecSettings).k == sc.decode.settings(SpecSettings).k and probe.decode.tokens == CALIBRATION_TOKENS
     assert probe.spec.rtt_ms == 0.0 and probe.spec.placement == "edge" and probe.spec.clients == sc.spec.clients
     assert all(link.delay_ms == 0.0 for link in probe.links) and len(probe.links) == len(sc.links) == 2
     assert lap_floor_s(sc) == pytest.approx(sc.t_ring_s + 0.020)  # a round pays the edge's round trip
@@ -255,8 +256,8 @@ def test_the_streams_mode_calibrates_its_convoy_not_one_frame():
 
 
 def _ran(wall_s: float, factor: float):
-    """What StudyBudget.charge reads of a finished run: its decode wall (scenario time) and its D."""
-    return SimpleNamespace(wall_s=wall_s, dilation=SimpleNamespace(factor=factor))
+    """What StudyBudget.charge reads of a finished run: its prefill and decode wall (scenario time) and its D."""
+    return SimpleNamespace(wall_s=wall_s, ttft=None, dilation=SimpleNamespace(factor=factor))
 
 
 def test_a_study_shares_one_budget_over_the_runs_it_plans():

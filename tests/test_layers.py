@@ -13,8 +13,8 @@ PACKAGES = ("testbed", "agents", "netem", "dashboards")
 # The floors are folders: lower numbers are lower floors, and a module may import its own floor or any below.
 # A module's floor is its folder's (testbed's own files, api, cli, node, are the top); a new folder under
 # testbed/ must take a floor here (test_every_folder_has_a_floor). A decode mode is one folder,
-# agents/modes/<mode>/, whose files sit on their roles' floors: its card (__init__) and facts on the ground floor
-# with the registry (agents.modes), its runner with the agents, its summary and metrics with the run.
+# agents/modes/<mode>/, whose files sit on their roles' floors: its card (__init__), facts and settings on the ground
+# floor with the registry (agents.modes), its runner with the agents, its summary and metrics with the run.
 FLOORS = (
     (0, ("testbed/core", "agents/modes")),
     (1, ("agents", "netem", "agents/modes/*/runner")),
@@ -25,6 +25,7 @@ FLOORS = (
     (6, ("testbed/report",)),  # reads every study's report part
     (7, ("testbed/hosts", "testbed")),  # the top: api, cli, node and the several-host run
 )
+GROUND_ROLES = ("facts", "settings")  # a mode's modules its card imports (agents/modes/<mode>/<role>.py)
 SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
 
 
@@ -34,7 +35,7 @@ def folder_of(module: str) -> str:
     parts = module.split(".")
     if parts[:2] == ["agents", "modes"]:
         role = parts[3] if len(parts) > 3 else "facts"
-        return "agents/modes" if role == "facts" else f"agents/modes/*/{role}"
+        return "agents/modes" if role in GROUND_ROLES else f"agents/modes/*/{role}"
     if parts[0] == "testbed" and len(parts) > 1 and (ROOT / "testbed" / parts[1]).is_dir():
         return f"testbed/{parts[1]}"
     return parts[0]
@@ -218,3 +219,58 @@ def test_no_function_over_60_lines():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, long
+
+
+# The scenario's `parallel` key holds "pp" or "tp": a parallelism, spelled like the tp mode it selects (ModeInfo.tp_as)
+NOT_MODE_NAMES = {"parallel"}
+
+
+def mode_name_comparisons(path: Path, names: set[str]) -> list[str]:
+    """Each ==, !=, in or not in of a registered mode's name as a literal in `path`, as "path:line: expression"."""
+    def literals(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return [value for item in node.elts for value in literals(item)]
+        return []
+
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn)
+                                                        for op in node.ops):
+            continue
+        operands = [node.left, *node.comparators]
+        if any(isinstance(o, ast.Name) and o.id in NOT_MODE_NAMES for o in operands):
+            continue
+        if any(value in names for o in operands for value in literals(o)):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found
+
+
+def outside_the_modes_folders() -> list[Path]:
+    return [path for path in project_modules().values()
+            if not (path.relative_to(ROOT).parts[:2] == ("agents", "modes") and len(path.relative_to(ROOT).parts) > 3)]
+
+
+def test_no_mode_name_is_compared_outside_its_folder():
+    """A decision that depends on the mode is its card's flag (ModeInfo), read where it is needed: a string
+    comparison of a mode's name outside agents/modes/<mode>/ is a decision the mode does not own."""
+    from agents.modes import MODES
+
+    found = [hit for path in outside_the_modes_folders() for hit in mode_name_comparisons(path, set(MODES))]
+    assert not found, "\n".join(found)
+
+
+def test_the_mode_name_check_catches_a_planted_comparison(tmp_path):
+    planted = ROOT / "testbed" / "scenario" / "planted_for_test.py"  # inside the packages, as a real module would be
+    planted.write_text('"""planted"""\n\n\ndef f(decode, kinds):\n    return decode.mode != "plain" or "tree" in kinds'
+                       ' or decode.mode in ("dsd", "other") or parallel == "tp"\n')
+    try:
+        assert planted in outside_the_modes_folders()
+        assert mode_name_comparisons(planted, {"plain", "tree", "dsd", "tp"}) == [
+            'testbed/scenario/planted_for_test.py:5: decode.mode != "plain"',
+            'testbed/scenario/planted_for_test.py:5: "tree" in kinds',
+            'testbed/scenario/planted_for_test.py:5: decode.mode in ("dsd", "other")']
+    finally:
+        planted.unlink()

@@ -72,6 +72,8 @@ def test_a_summary_without_the_modes_part_reads_as_before(echo_registered):
     written = json.loads(summary.to_json())
     assert written["spec"] == json.loads(summary.spec.to_json()) and written["echo"] is None
     assert list(written).index("spec") == list(recorded).index("spec")  # where the modes' fields always stood
+    assert {"spec", "streams", "echo"} <= {f.name for f in dataclasses.fields(summary)}  # real fields, not a lookup
+    assert "spec" in {f.name for f in dataclasses.fields(RunSummary)}
     with pytest.raises(AttributeError, match="no attribute 'spek'"):
         summary.spek
     with pytest.raises(ValueError, match=r"RunSummary.echo: unknown field\(s\) bites"):

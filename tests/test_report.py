@@ -98,8 +98,8 @@ def test_report_from_recorded_plain_speculative_and_sweep_runs(tmp_path, capsys)
 
 def test_report_reads_the_runs_own_prediction(tmp_path):
     odd = replace(SPEC, predicted_tok_s=12.34, error_pct=-42.0,
-                  parts={"spec": replace(SPEC.spec, predicted_tok_s=12.34, gamma_predicted=5.67,
-                                         plain_predicted_tok_s=0.5, k_star=7, k_star_tok_s=8.9)})
+                  spec=replace(SPEC.spec, predicted_tok_s=12.34, gamma_predicted=5.67,
+                               plain_predicted_tok_s=0.5, k_star=7, k_star_tok_s=8.9))
     source = write(tmp_path / "odd.json", odd.to_dict())
     assert report.main([str(source), "--out", str(tmp_path / "out")]) == 0
     markdown = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")

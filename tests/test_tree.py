@@ -7,6 +7,7 @@ import torch
 
 from agents.zoo.model import KVCache, tree_mask
 from agents.modes.tree.runner import Tree, grow, verify
+from agents.modes.tree.settings import TreeSettings
 from testbed import api
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
@@ -69,7 +70,8 @@ def test_sampled_tree_output_matches_the_target(policy):
     """A toy Markov target and draft: the first two tokens a tree round produces vs the target's exact joint."""
     vocab, n = 3, 6000
     target, draft = markov(3, vocab), markov(4, vocab)
-    config = DecodeConfig(mode="tree", temperature=1.0, tree_n=5, tree_k=2, tree_depth=3, tree_policy=policy)
+    config = DecodeConfig(mode="tree", temperature=1.0).with_settings(TreeSettings, tree_n=5, tree_k=2, tree_depth=3,
+                                                                  tree_policy=policy)
     g = torch.Generator().manual_seed(11)
 
     def forward(tree, nodes):  # the draft's logits at each node: log q(. | the node's token)

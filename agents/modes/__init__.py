@@ -1,4 +1,4 @@
-"""The decode modes, a folder each (its card and facts; its runner, summary and metrics), and MODES: one line each.
+"""The decode modes, a folder each (card, facts, settings; runner, summary, metrics), and MODES: one line each.
 
 A new mode is a folder here (or anywhere: tests/echo_mode) with INFO = ModeInfo(...) in its __init__, and its line
 below. This module imports the modes' cards and facts only (no torch, no run machinery): ModeInfo.part finds the rest.
@@ -6,8 +6,11 @@ below. This module imports the modes' cards and facts only (no torch, no run mac
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from agents.modes import dsd, plain, speculative, streams, tp, tree
-from testbed.core.decode import ModeInfo
+from testbed.core.decode import DecodeConfig, ModeInfo
+from testbed.core.settings import ModeSettings
 
 MODES: dict[str, ModeInfo] = {mode.INFO.name: mode.INFO for mode in (
     plain,
@@ -32,6 +35,18 @@ def decode_lap_kinds() -> tuple[str, ...]:
 def parts(role: str) -> list:
     """Every registered mode's `role` module (ModeInfo.part) that exists, in registry order."""
     return [module for module in (info.part(role) for info in MODES.values()) if module is not None]
+
+
+def mode_settings() -> tuple[type[ModeSettings], ...]:
+    """Every registered mode's settings classes (ModeInfo.settings), once each, in registry order; two that claim
+    one [decode] key, or a key of DecodeConfig's own, are an error."""
+    classes = tuple(dict.fromkeys(cls for info in MODES.values() for cls in info.settings))
+    owner = {f.name: DecodeConfig.__name__ for f in fields(DecodeConfig)}
+    for cls in classes:
+        for f in fields(cls):
+            if owner.setdefault(f.name, cls.__name__) != cls.__name__:
+                raise ValueError(f"decode.{f.name} is claimed by {cls.__name__} and {owner[f.name]}")
+    return classes
 
 
 def per_stream(mode: str) -> bool:

@@ -2,46 +2,68 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import TypeVar
 
 from testbed.core.jsonrecord import JsonRecord
+from testbed.core.settings import ModeSettings
 
-K_MAX_BOUND = 64  # the largest draft length any setting may ask for
 DRAFT_KINDS = ("trained", "calibrated")
-TREE_POLICIES = ("best-first", "topk")
-MAX_TREE = 256  # nodes a tree may have (the stages keep this many cache slots beyond the positions)
 BATCHING = ("none", "continuous")
 MAX_STREAMS = 1024  # agents.process.stage.PipelineStage.MAX_STREAMS: the KV caches one stage keeps
+
+S = TypeVar("S", bound=ModeSettings)
 
 
 @dataclass(frozen=True)
 class DecodeConfig(JsonRecord):
-    """[decode] of a scenario. Defaults live here once; agents get it as JSON and rebuild this very class."""
+    """[decode] of a scenario. Defaults live here once; agents get it as JSON and rebuild this very class.
+
+    The keys every mode reads are fields here; a mode's own keys (decode.k, decode.tree_n, ...) are its settings
+    class's (ModeSettings, in its folder, named on its card), one instance each in `mode_settings`: read them with
+    decode.settings(TheClass) (its defaults where the config holds none)."""
 
     mode: str = "plain"  # a key of agents.modes.MODES
     tokens: int = 32  # per stream
     prompt: str = "    def __repr__(self):\n        return "  # one the shipped models continue greedily (README)
     prompt_tokens: int = 0  # > 0: a synthetic prompt of exactly this many tokens (agents.zoo.prompts), not `prompt`
     prefill_chunk: int = 0  # > 0: plain decode prefills the prompt in chunks of this many tokens, pipelined
-    streams: int = 1  # sequences in flight (the streams mode); each stage keeps one KV cache per stream
-    batching: str = "none"  # streams: "none" (one frame per forward pass) or "continuous" (all queued frames)
+    # several sequences in flight (the streams mode; the agents size their inboxes and the dsd cloud batches by them)
+    streams: int = 1  # each stage keeps one KV cache per stream
+    batching: str = "none"  # "none" (one frame per forward pass) or "continuous" (all queued frames)
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0
-    k: int | str = 4  # speculation: draft length, or "auto"
-    k_max: int = 24
-    draft: str = "trained"  # or "calibrated"
+    # the draft model of every mode that drafts (ModeInfo.drafts: speculative, tree; dsd's edge clients)
+    draft: str = "trained"  # or "calibrated", or a checkpoint "hf:PATH"
     alpha: float = 0.8  # dialled acceptance rate of the calibrated draft
     draft_ms: float = 0.0  # emulated per-token draft time c_d; 0 = the real draft forward only
-    k_sweep: tuple[int, ...] = ()  # speculative K sweep in one run: rounds_per_k rounds at each K
-    rounds_per_k: int = 30
-    # speculation: at least this many rounds, however few tokens they take (0: decode.tokens alone ends the run);
-    # the geo ring asks for enough rounds that K = "auto" and the rate settle (testbed/scenario/builtin/geo-ring.toml)
-    min_rounds: int = 0
-    tree_n: int = 16  # tree speculation: nodes drafted per round (agents.modes.tree)
-    tree_k: int = 4  # candidates per expanded node, and nodes added per best-first step
-    tree_depth: int = 8  # deepest node
-    tree_policy: str = "best-first"  # or "topk" (a fixed shape)
+    mode_settings: tuple[ModeSettings, ...] = ()  # every registered mode's own settings (testbed.scenario.decode)
+
+    def settings(self, cls: type[S]) -> S:
+        """The settings of class `cls` this config holds (cls's defaults where it holds none)."""
+        for held in self.mode_settings:
+            if type(held) is cls:
+                return held
+        return cls()
+
+    def with_settings(self, cls: type[ModeSettings], **changes) -> DecodeConfig:
+        """This config with `changes` made to its `cls` settings."""
+        changed = dataclasses.replace(self.settings(cls), **changes)
+        others = tuple(held for held in self.mode_settings if type(held) is not cls)
+        return dataclasses.replace(self, mode_settings=others + (changed,))
+
+    def to_section(self) -> dict:
+        """The [decode] table, flat as a user writes it: its own keys and every mode's settings' (to_dict's values)."""
+        own = {key: value for key, value in self.to_dict().items() if key != "mode_settings"}
+        return own | {key: value for held in self.mode_settings for key, value in held.to_dict().items()
+                      if key != "settings"}
+
+    def time_scaled(self, factor: float) -> DecodeConfig:
+        """Every duration `factor` times as long: draft_ms, and each mode's settings ending in "_ms"."""
+        return dataclasses.replace(self, draft_ms=self.draft_ms * factor,
+                                   mode_settings=tuple(held.time_scaled(factor) for held in self.mode_settings))
 
 
 CODECS = ("f32", "f16", "int8-block")
@@ -125,11 +147,13 @@ ROLES = ("runner", "summary", "metrics")  # the modules a mode's folder may hold
 @dataclass(frozen=True)
 class ModeInfo:
     """One decode mode's card: what the testbed does with it. A mode is a folder, agents/modes/<name>/ (its
-    __init__ holds this card as INFO, beside its facts.py), and one line in agents.modes.MODES.
+    __init__ holds this card as INFO, beside its facts.py and settings.py), and one line in agents.modes.MODES.
 
     The folder's other modules, by role, each imported only by the process that needs it: `runner` (the agents;
     torch), `summary` (the launcher: the mode's part of RunSummary) and `metrics` (its run-log part and Prometheus
-    family). part(role) finds them by those names, so this card imports nothing.
+    family). part(role) finds them by those names, so this card imports nothing: it sits on the ground floor, below
+    its runner (floor 1) and its summary and metrics (floor 3), so it cannot import them, and a list of them on each
+    role's floor would be a registry line per role, not one per mode. Its settings and facts it imports itself.
     """
 
     name: str
@@ -142,7 +166,6 @@ class ModeInfo:
     every_agent: bool = False  # the runner runs on every agent (tensor parallelism), not on the entry alone
     lap_kind: str = "decode"  # LapRecord.kind of the laps that make its tokens (prefill and probe laps do not)
     heads: tuple[str, ...] = ("entry",)  # the placement.head values it runs with (HEAD_PLACEMENTS)
-    tree_slots: bool = False  # its stages keep decode.tree_n + 1 cache slots beyond the positions (a tree's nodes)
     # auto dilation calibrates it as itself at zero delay, not as plain decode of its ring: its overhead is off the
     # ring (dsd: the edge clients' hops); its summary part's calibration_lap() gives a lap's overhead and physics
     own_calibration: bool = False
@@ -158,9 +181,14 @@ class ModeInfo:
     # collector exports the streams gauges over it (testbed.launch.runlog, testbed.launch.collector)
     per_stream: bool = False
     # what a scenario's other sections turn it into: with decode.streams > 1 (plain decode of several streams is the
-    # streams mode), with spec.placement = "edge" (the drafter moves to edge clients: dsd); None: it has no such form
+    # streams mode), with spec.placement = "edge" (the drafter moves to edge clients: dsd), with parallel = "tp"
+    # (plain decode of one stream runs as the tp mode); None: it has no such form
     streams_as: str | None = None
     edge_as: str | None = None
+    tp_as: str | None = None
+    # its own [decode] keys: ModeSettings classes (its folder's settings.py; a mode may read another's, as dsd reads
+    # speculation's K): every registered one is checked and carried in DecodeConfig.mode_settings
+    settings: tuple[type[ModeSettings], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.summary is None) != (self.summary_field is None):

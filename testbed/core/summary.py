@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents.modes import MODES
 from testbed.core.decode import WireConfig
+from testbed.core.jsonrecord import field_names, to_plain
 from testbed.core.records import JsonRecord, record_from_dict
 
 
@@ -125,8 +128,8 @@ def mode_parts() -> dict[str, type]:
 
 
 @dataclass(frozen=True)
-class RunSummary(JsonRecord):
-    """Everything measured in one run next to its prediction (DESIGN.md section 4 names the fields)."""
+class RunFigures(JsonRecord):
+    """The fields of every run's RunSummary; RunSummary adds a field for each decode mode's part (below)."""
 
     scenario: str
     description: str
@@ -153,9 +156,7 @@ class RunSummary(JsonRecord):
     overhead_ms_per_hop: float | None
     ttft: TtftSummary | None = None
     self_check: tuple[LinkCheck, ...] | None = None
-    # each decode mode's own part, by its card's summary_field: in the JSON a field of its own ("spec", "streams",
-    # ...; null where the run made none), read as summary.<field> (None where the run made none)
-    parts: dict[str, JsonRecord] = field(default_factory=dict)
+    # (each decode mode's own part comes here in the JSON: RunSummary's fields past these)
     history: tuple[tuple[float, float], ...] = ()  # (seconds since start, recent decode rate)
     metrics_url: str | None = None
     text: str = ""
@@ -171,30 +172,26 @@ class RunSummary(JsonRecord):
     schedule: tuple[tuple[float, str, bool], ...] = ()
     schedule_elapsed_s: float | None = None
 
-    def __getattr__(self, name: str):
-        """summary.spec, summary.streams, ...: a registered mode's part of this run (None where it made none)."""
-        if name.startswith("_") or name not in mode_parts():
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return self.__dict__.get("parts", {}).get(name)
+    @property
+    def parts(self) -> dict[str, JsonRecord]:
+        """The modes' parts this run made, by field (summary.spec, summary.streams, ...: None where it made none)."""
+        return {name: getattr(self, name) for name in _own_fields(type(self)) if getattr(self, name) is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: each mode's part as a field of its own where `parts` stands (every registered one)."""
+        """The JSON object: each mode's part a field of its own (null where the run made none), after self_check."""
         out: dict[str, Any] = {}
-        for key, value in super().to_dict().items():
-            if key == "parts":
-                out.update({name: None for name in mode_parts()} | value)
-            else:
-                out[key] = value
+        for name in field_names(RunFigures):
+            out[name] = to_plain(getattr(self, name))
+            if name == _PARTS_AFTER:
+                out.update({part: to_plain(getattr(self, part)) for part in _own_fields(type(self))})
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        """A RunSummary with every registered mode's field (a test may register a mode: summary_type())."""
         if not isinstance(data, dict):
             raise ValueError(f"RunSummary: expected an object, got {type(data).__name__}")
-        types = mode_parts()
-        parts = {name: record_from_dict(types[name], value, what=f"RunSummary.{name}")
-                 for name, value in data.items() if name in types and value is not None}
-        return record_from_dict(cls, {**{k: v for k, v in data.items() if k not in types}, "parts": parts})
+        return record_from_dict(summary_type(), data, what="RunSummary")
 
     @property
     def is_speculative(self) -> bool:
@@ -209,3 +206,39 @@ class RunSummary(JsonRecord):
             if hasattr(part, "plain_predicted_tok_s"):
                 return part.plain_predicted_tok_s
         return None if self.is_speculative else self.predicted_tok_s
+
+
+_PARTS_AFTER = "self_check"  # where the modes' fields always stood in the JSON
+
+
+@functools.cache
+def _own_fields(cls: type) -> tuple[str, ...]:
+    return tuple(name for name in field_names(cls) if name not in field_names(RunFigures))
+
+
+def _with_parts(base: type, parts: dict[str, type]) -> type:
+    """`base` with a field for each mode's part: its summary_field, of its record type or None (the default)."""
+    cls = dataclasses.make_dataclass(
+        "RunSummary", [(name, record | None, field(default=None)) for name, record in parts.items()], bases=(base,),
+        frozen=True, namespace={"__doc__": "Everything measured in one run next to its prediction (DESIGN.md section 4 names the "
+                              "fields): RunFigures' fields, then each registered decode mode's part, by its card's "
+                              "summary_field (summary.spec, summary.streams, ...; None where the run made none)."})
+    cls.__module__ = __name__  # as a class written here (help(), pickle)
+    return cls
+
+
+# The registered modes' parts are fields of the class, built from their cards: a reader, dataclasses.fields() and
+# help() see summary.spec as the record type its mode declares. The ground floor names no mode: the cards do.
+RunSummary = _with_parts(RunFigures, mode_parts())
+
+
+@functools.cache
+def _summary_type(parts: tuple[tuple[str, type], ...]) -> type:
+    known = set(field_names(RunSummary))
+    missing = {name: record for name, record in parts if name not in known}
+    return _with_parts(RunSummary, missing) if missing else RunSummary
+
+
+def summary_type() -> type:
+    """RunSummary as the registry stands now: with a field for a mode registered since import (a test's), too."""
+    return _summary_type(tuple(mode_parts().items()))

@@ -26,14 +26,23 @@ _LOCK = threading.Lock()
 _ACTIVE = [0]  # virtual runs in progress (the scheduler stays deterministic while any is)
 
 
-class _PerThreadRandom:
-    """Trio's scheduler generator, per thread: a virtual run's own seeded one, else Trio's (real-time runs)."""
+class _PerThreadRandom(random.Random):
+    """Trio's scheduler generator, per thread: a virtual run's own seeded one, else Trio's (real-time runs). A
+    Random whose two sources draw from that generator, so every method Trio calls (shuffle, random, uniform)
+    draws what the generator's own would."""
 
     def __init__(self, fallback: random.Random) -> None:
         self._fallback = fallback
+        super().__init__()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(getattr(_LOCAL, "rng", None) or self._fallback, name)
+    def _current(self) -> random.Random:
+        return getattr(_LOCAL, "rng", None) or self._fallback
+
+    def random(self) -> float:
+        return self._current().random()
+
+    def getrandbits(self, k: int) -> int:
+        return self._current().getrandbits(k)
 
 
 def _scheduler_module():

@@ -13,6 +13,10 @@ from testbed.deploy.catalog import (DTYPE_BYTES, HardwarePreset, ModelPreset, ha
                                     parse_hardware)
 from testbed.scenario.validate import check_keys, number, string
 
+# A [geometry]'s prefill where a stage names no hardware (or pins compute_ms): what a position of its prompt costs on
+# this default part, the fewest of them that hold the stage's share (PrefillRate says where each figure came from).
+PREFILL_HARDWARE = "h100-sxm"
+
 GEOMETRY_KEYS = {"preset", "d_model", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "params_b",
                  "active_params_b", "dtype", "context"}
 NEEDED_WITHOUT_PRESET = ("d_model", "layers", "heads", "params_b")
@@ -159,6 +163,59 @@ def apply_hardware(stages: list[Any], geometry: ModelPreset | None, own: dict[st
     return out
 
 
+def devices_to_hold(geometry: ModelPreset, share: StageShare, entry: bool, hardware: HardwarePreset) -> int:
+    """The fewest devices of `hardware` whose memory holds the stage's weights (resident_bytes)."""
+    return max(1, math.ceil(resident_bytes(geometry, share, entry) / hardware.memory_bytes))
+
+
+@dataclass(frozen=True)
+class PrefillRate:
+    """What one more position of a prompt costs a stage (compute-bound prefill: its FLOPs a token over the devices'
+    effective FLOP/s, Roofline.flops_per_token / flop_s), and on what hardware that figure was worked out."""
+
+    ms_per_token: float
+    hardware: str
+    devices: int
+    default: bool  # the stage named no hardware: PREFILL_HARDWARE, the fewest that hold its share
+
+    @property
+    def source(self) -> str:
+        how = "the default hardware, the fewest that hold the share" if self.default else "the stage's hardware"
+        return f"roofline of {self.devices} x {self.hardware} ({how})"
+
+
+def prefill_rate(geometry: ModelPreset, share: StageShare, entry: bool, hardware: HardwarePreset | None = None,
+                 devices: int = 1) -> PrefillRate:
+    """The prefill cost per position of a stage's share of `geometry`: on `devices` of `hardware`, or (None) on the
+    fewest PREFILL_HARDWARE that hold the share. An unchunked prompt goes through the stages one after another, so
+    seed-700b on 3 stages of 6 H100s costs ~0.47 ms a position over the ring, ~0.93 s for 2,000 (seed 000 puts such
+    a prefill at 1-2 s)."""
+    default = hardware is None
+    if hardware is None:
+        hardware = hardware_preset(PREFILL_HARDWARE)
+        devices = devices_to_hold(geometry, share, entry, hardware)
+    roofline = stage_roofline(geometry, share, hardware, devices)
+    return PrefillRate(roofline.flops_per_token / roofline.flop_s * 1e3, hardware.name, devices, default)
+
+
+def apply_prefill(raw_stages: list[Any], stages: list[Any], geometry: ModelPreset, own: dict[str, HardwarePreset],
+                  head_stage: int | None, scale: float, source: str) -> list[Any]:
+    """A [geometry]'s stages whose compute is not a roofline (compute_ms given, or no hardware) and that do not set
+    prefill_ms_per_token get it from prefill_rate (scaled by `scale`): a prompt's positions cost compute, as seed
+    000's C_prefill(P) says, rather than nothing past the first (prefill_ms_per_token = 0 turns it off)."""
+    shares = emulated_split(geometry, stages, head_stage, source)
+    out = list(stages)
+    for i, st in enumerate(stages):
+        given = i < len(raw_stages) and isinstance(raw_stages[i], dict) and "prefill_ms_per_token" in raw_stages[i]
+        if st.roofline is not None or given or (shares[i].layers == 0 and not shares[i].head):
+            continue
+        hw = (own.get(st.hardware) or hardware_preset(st.hardware, source=source, key=f"stages[{i}].hardware")
+              ) if st.hardware else None
+        rate = prefill_rate(geometry, shares[i], i == 0, hw, st.devices)
+        out[i] = replace(st, prefill_ms_per_token=rate.ms_per_token * scale)
+    return out
+
+
 def apply_profiles(stages: list[Any], scale: float, source: str) -> list[Any]:
     """Each stage that names a measured profile computes as it says (scaled by `scale`), in place of its roofline;
     compute_ms, when given, still overrides."""
@@ -179,8 +236,11 @@ def apply_geometry(raw: dict, stages: list[Any], wire: WireConfig, head: str, mo
 
     geometry = geometry_from_dict(raw.get("geometry"), source)
     head_stage = {"entry": 0, "last": len(stages) - 1}.get(head)  # "separate": the head's own agent
-    stages = apply_hardware(stages, geometry, hardware_tables(raw.get("hardware"), source), head_stage, scale, source)
+    own = hardware_tables(raw.get("hardware"), source)
+    stages = apply_hardware(stages, geometry, own, head_stage, scale, source)
     stages = apply_profiles(stages, scale, source)
+    if geometry is not None:
+        stages = apply_prefill(raw.get("stages") or [], stages, geometry, own, head_stage, scale, source)
     if geometry is None and decode.prompt_tokens == 0:
         return geometry, stages, wire
     shape = model_config(model)

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 
 from testbed.core.summary import RunSummary
 
-# A study's default (--budget-s on every study command): the dilated decode of all its runs together. The default
-# with the most runs, dsd's 22, then gets ~11 s of decode a run, which leaves its rows' start-ups and calibrations
+# A study's default (--budget-s on every study command): the dilated prefill and decode of all its runs. The default
+# with the most runs, dsd's 22, then gets ~11 s a run, which leaves its rows' start-ups and calibrations
 # room inside 10 minutes. A share only caps D: a run whose 0.3% needs less takes less (testbed.launch.dilation).
 STUDY_BUDGET_S = 240.0
 
 
 @dataclass
 class StudyBudget:
-    """What a study's runs may spend on dilated decode (box seconds, `tokens x lap x D` each), shared out as they
+    """What a study's runs may spend, dilated (box seconds, `(prefill + tokens x lap) x D` each), shared out as they
     start: a run gets an even share of what the runs before it left over the runs the study still plans
     (`plan_runs`; a study that plans nothing, one run at a time: all that is left)."""
 
@@ -30,9 +30,10 @@ class StudyBudget:
         return max(MIN_SHARE_S, max(0.0, self.total_s - self.spent_s) / max(1, self.planned))
 
     def charge(self, summary: RunSummary) -> RunSummary:
-        """Count a finished run's dilated decode against the budget."""
+        """Count a finished run's dilated prefill and decode against the budget (what auto's forecast weighed)."""
         factor = summary.dilation.factor if summary.dilation is not None else 1.0
-        self.spent_s += summary.wall_s * factor
+        prefill_s = summary.ttft.measured_s if summary.ttft is not None else 0.0
+        self.spent_s += (prefill_s + summary.wall_s) * factor
         self.runs += 1
         self.planned = max(0, self.planned - 1)
         return summary

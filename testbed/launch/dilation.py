@@ -9,8 +9,9 @@ change. `scale` changes the scenario; dilation does not.
 `--dilation auto` calibrates first: a short run of the same ring, plain decode at zero configured delay,
 measures what a lap costs beyond compute (the overhead O, with each hop's base one-way latency); then D is
 the smallest whole number with O / D <= TARGET_OVERHEAD of the lap C + T_ring, capped at DILATION_MAX and
-by the run-time budget (the dilated decode may take at most BUDGET_S), so a short ring gets a large D and
-a long one, where O is already small, gets 1-2. A mode whose overhead is off the ring calibrates as itself
+by the run-time budget (the dilated run, its prefill and its decode, may take at most BUDGET_S: forecast), so a
+short ring gets a large D and a long one, where O is already small, or one whose prompt is long on slow links,
+gets 1-2. A mode whose overhead is off the ring calibrates as itself
 (ModeInfo.own_calibration): edge speculation's is in the clients' two hops and the entry's hand-off a round, so
 its calibration is the same clients at a zero round trip, its lap a round, O what a round took beyond its physics;
 the streams mode's lap carries M frames over every hop, so its calibration is its own M streams at zero delay.
@@ -22,7 +23,12 @@ import dataclasses
 import math
 from typing import Awaitable, Callable
 
+from agents.hf.checkpoint import Checkpoint, is_hf
 from agents.modes import MODES
+from agents.modes.speculative.settings import SpecSettings
+from agents.process.codec import emulated_payload_bytes
+from agents.zoo.configs import MODEL_CONFIGS
+from testbed.core import physics
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
@@ -30,7 +36,7 @@ from testbed.scenario.config import Scenario
 
 TARGET_OVERHEAD = 0.003  # the overhead auto aims at, as a fraction of the lap
 DILATION_MAX = 64.0
-BUDGET_S = 40.0  # auto keeps the dilated decode of a run (tokens x lap x D) within this many seconds (--budget-s)
+BUDGET_S = 40.0  # auto keeps the dilated run (its prefill and tokens x lap, times D) within this many seconds (--budget-s)
 MAX_BUDGET_S = 86_400.0
 CALIBRATION_TOKENS = 12
 
@@ -116,18 +122,73 @@ def serialization_ms(frame_bytes: float | None, link) -> float:
 
 def planned_laps(scenario: Scenario) -> int:
     """Decode laps the run will take at most (one token a lap, at least min_rounds; a K sweep runs its rounds)."""
+    decode, own = scenario.decode, scenario.decode.settings(SpecSettings)
+    return max(1, own.rounds_per_k * len(own.k_sweep) if own.k_sweep else max(decode.tokens, own.min_rounds))
+
+
+def prompt_positions(scenario: Scenario) -> int:
+    """Positions of the run's first prompt: decode.prompt_tokens, else the text prompt's (one a byte, at most half
+    the computing model's window: agents.zoo.prompts; a checkpoint's tokenizer gives no more tokens than bytes)."""
     decode = scenario.decode
-    return max(1, decode.rounds_per_k * len(decode.k_sweep) if decode.k_sweep else max(decode.tokens,
-                                                                                      decode.min_rounds))
+    if decode.prompt_tokens > 0:
+        return decode.prompt_tokens
+    shape = Checkpoint.open(scenario.model).shape if is_hf(scenario.model) else MODEL_CONFIGS[scenario.model]
+    return min(len(decode.prompt.encode("utf-8")), shape.block_size // 2)
+
+
+def hidden_bytes(scenario: Scenario, positions: int) -> int:
+    """Eq. 1: the hidden state of `positions` crossing one hop, P x d_model x b: the [geometry]'s under the codec,
+    else the computing model's f32 (an upper bound under a compressing codec); framing left out."""
+    if scenario.wire.width:
+        return emulated_payload_bytes(positions, scenario.wire)
+    shape = Checkpoint.open(scenario.model).shape if is_hf(scenario.model) else MODEL_CONFIGS[scenario.model]
+    return physics.b_hop(positions, shape.n_embd, 4)
+
+
+def lap_serialization_s(scenario: Scenario) -> float:
+    """A decode lap's frames (one position a stream) at each ring hop's rate (0 on unlimited links)."""
+    size = max(1, scenario.decode.streams) * hidden_bytes(scenario, 1)
+    return sum(size / link.rate_bytes_s for link in scenario.ring if math.isfinite(link.rate_bytes_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunForecast:
+    """What a run takes at D = 1, in scenario time (closed forms): its prefill, then its decode laps."""
+
+    prefill_s: float  # Eq. 5: C_prefill(P) + T_ring + the prompt's bytes (Eq. 1) at each hop's rate, every stream's
+    decode_s: float  # planned laps x (C + T_ring + a frame's serialization)
+    laps: int
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    def describe(self) -> str:
+        return (f"the predicted run is {self.total_s:.3g} s of scenario time (prefill {self.prefill_s:.3g} s, "
+                f"decode {self.decode_s:.3g} s for {self.laps} laps)")
+
+
+def forecast(scenario: Scenario, compute_s: float) -> RunForecast:
+    """The run's predicted duration at D = 1 (compute_s: a decode lap's time beyond lap_floor_s). The prefill is
+    Eq. 5 per hop (physics.ttft_hops) with the stages' emulated cost of the whole prompt (StageConfig.cost_ms) and
+    its hidden state (hidden_bytes), once per stream: a 1,024-token 700B-class prompt at 10 Mbit/s is 27 s a
+    hop, so a run's prefill can outweigh its decode by far."""
+    positions, streams = prompt_positions(scenario), max(1, scenario.decode.streams)
+    prefill_compute_s = sum(st.cost_ms(positions, 1, positions) for st in scenario.stages) / 1e3
+    ring = scenario.ring
+    prefill_s = physics.ttft_hops(prefill_compute_s, [link.delay_ms / 1e3 for link in ring],
+                                  [hidden_bytes(scenario, positions)] * len(ring), [link.rate_bytes_s for link in ring])
+    laps = planned_laps(scenario)
+    return RunForecast(streams * prefill_s, laps * (compute_s + lap_floor_s(scenario)), laps)
 
 
 def budget_cap(scenario: Scenario, compute_s: float, budget_s: float = BUDGET_S) -> float:
-    """The largest whole D (<= DILATION_MAX) whose dilated decode fits in budget_s (compute_s: a lap's time
-    beyond T_ring)."""
-    lap_s = compute_s + lap_floor_s(scenario)
-    if lap_s <= 0:
+    """The largest whole D (<= DILATION_MAX, >= 1) whose dilated run, prefill and decode (forecast), fits in
+    budget_s (compute_s: a decode lap's time beyond T_ring)."""
+    total_s = forecast(scenario, compute_s).total_s
+    if total_s <= 0:
         return DILATION_MAX
-    return float(max(1, min(DILATION_MAX, math.floor(budget_s / (planned_laps(scenario) * lap_s)))))
+    return float(max(1, min(DILATION_MAX, math.floor(budget_s / total_s))))
 
 
 def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = False,
@@ -140,9 +201,9 @@ def choose(scenario: Scenario, calibration: Calibration, *, compensate: bool = F
     needed = overhead_ms / 1e3 / (target * lap_s) if lap_s > 0 else DILATION_MAX
     cap = budget_cap(scenario, calibration.compute_s + calibration.serialization_s, budget_s)
     factor = float(min(cap, max(1, math.ceil(needed))))
+    run = forecast(scenario, calibration.compute_s + calibration.serialization_s)
     why = (f"overhead {overhead_ms:.2f} ms per lap of {lap_s * 1e3:.1f} ms needs D >= {needed:.1f} for "
-           f"{target * 100:g}%; cap {cap:g} (max {DILATION_MAX:g}, {budget_s:g} s budget for {planned_laps(scenario)} "
-           f"laps)")
+           f"{target * 100:g}%; cap {cap:g} (max {DILATION_MAX:g}, {budget_s:g} s budget: {run.describe()})")
     chosen = summary_for(scenario, factor, "auto", calibration if compensate else None, needed=needed, cap=cap,
                          target=target, overhead_ms=overhead_ms, reason=why, lap_ms=lap_s * 1e3, budget_s=budget_s)
     if chosen.capped and chosen.expected_error_pct is not None:
@@ -175,8 +236,14 @@ async def resolve(scenario: Scenario, requested: float | str, *, compensate: boo
     is not in `cache` already: the same stages and links calibrate once). budget_s: auto's run-time budget."""
     requested = parse_dilation(requested)
     budget_s = parse_budget(budget_s)
-    if requested == "auto" and not compensate and budget_cap(scenario, scenario.emulated_compute_s, budget_s) <= 1:
-        return summary_for(scenario, 1.0, "auto", reason=f"the run already takes the {budget_s:g} s budget at D = 1")
+    lap_s = scenario.emulated_compute_s + lap_serialization_s(scenario)  # before a calibration measures it
+    if requested == "auto" and not compensate and budget_cap(scenario, lap_s, budget_s) <= 1:
+        run = forecast(scenario, lap_s)
+        where = "over" if run.total_s > budget_s else "more than half of"
+        chosen = summary_for(scenario, 1.0, "auto", cap=1.0, budget_s=budget_s,
+                             reason=f"{run.describe()}, {where} the {budget_s:g} s budget: no room for D >= 2")
+        log(f"dilation: D = 1 ({chosen.reason})")
+        return chosen
     if requested == "auto" or compensate:
         probe = calibration_scenario(scenario)
         calibration = cache.get(probe) if cache is not None else None

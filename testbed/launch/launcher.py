@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import os
 import re
@@ -88,7 +89,7 @@ class Launcher:
         sc = self.physical
         ranges = sc.layer_ranges(n_layers)
         mode = MODES[sc.decode.mode]
-        tree_slots = sc.decode.tree_n + 1 if mode.tree_slots else 0
+        tree_slots = max((sc.decode.settings(own).cache_slots() for own in mode.settings), default=0)
         stages = [AgentSpec(stage=i, n_stages=sc.n_stages, name=st.name, first_layer=first, last_layer=last,
                             compute_ms=st.compute_ms, decode=sc.decode, runner=mode.runner_path(), model=sc.model,
                             listen_host=self.shaper.agent_listen_host(i), dilation=self.dilation.factor,
@@ -114,11 +115,7 @@ class Launcher:
             agent = TaskAgent(spec, self.shaper.transport, self.shaper.clock)
             nursery.start_soon(agent.run)
             return agent, agent.control  # type: ignore[return-value]
-        if self.fork_server:
-            if self.forks is None:
-                self.forks = await ForkServer.start(nursery, self._preload(), timeout_s=STARTUP_TIMEOUT_S,
-                                                    run_id=self.shaper.run_id, on_stderr=self._echo_server,
-                                                    log=self.log)
+        if self.forks is not None:
             title = f"geo-ring agent {spec.stage} {spec.name} (run {self.shaper.run_id})"
             self.requested_at[spec.stage] = self.clock.now()  # after the server's own start
             return await self.forks.spawn(spec.to_json(), netns=self.shaper.agent_netns(spec.stage), title=title)
@@ -136,6 +133,16 @@ class Launcher:
         finally:
             os.close(write_fd)
         return process, trio.lowlevel.FdStream(read_fd)
+
+    async def _start_fork_server(self, nursery: trio.Nursery) -> None:
+        """The fork server (real-time agents, unless fork_server=False): started once, before the agents are asked
+        for all at once."""
+        if self.fork_server and not self.shaper.in_process and self.forks is None:
+            # What the first lap's self-check imports lazily (np.median imports numpy.ma: 0.1-0.25 s here), imported
+            # while the server preloads rather than while the laps come in.
+            nursery.start_soon(trio.to_thread.run_sync, importlib.import_module, "numpy.ma")
+            self.forks = await ForkServer.start(nursery, self._preload(), timeout_s=STARTUP_TIMEOUT_S,
+                                                run_id=self.shaper.run_id, on_stderr=self._echo_server, log=self.log)
 
     def _echo_server(self, line: str) -> None:
         if self.echo_agent_stderr:
@@ -271,8 +278,11 @@ class Launcher:
         before a simulated run starts. The fork server sees to it itself: this process never imports torch then."""
         if self.fork_server and not self.shaper.in_process:
             return
-        from agents.zoo.train import ensure_trained
+        from agents.zoo.train import ensure_trained, needs_training
 
+        if needs_training():
+            self.log("training the tiny models first (the recipe changed since the weights were shipped; minutes on "
+                     "a small VM)")
         await trio.to_thread.run_sync(ensure_trained)
 
     async def _run(self) -> None:
@@ -297,8 +307,15 @@ class Launcher:
     async def _run_agents(self, nursery: trio.Nursery, specs: list[AgentSpec]) -> None:
         sc = self.scenario
         self.runlog.phase = "starting agents"
-        for spec in specs:
-            await self._start_agent(nursery, spec)
+        await self._start_fork_server(nursery)
+        if self.forks is None:  # in order: a simulated run starts its tasks as it always has (one run, one order)
+            for spec in specs:
+                await self._start_agent(nursery, spec)
+        else:
+            async with trio.open_nursery() as starting:  # all asked for at once: the server forks them back to back
+                for spec in specs:
+                    starting.start_soon(self._start_agent, nursery, spec)
+            self.agents.sort(key=lambda handle: handle.stage)  # in stage order, as the commands below expect
         everyone = set(range(sc.n_agents))
         listening = await self._expect("listening", everyone, STARTUP_TIMEOUT_S)
         host_of = {i: ("127.0.0.1" if specs[i].listen_host in ("0.0.0.0", "") else specs[i].listen_host)

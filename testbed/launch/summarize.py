@@ -11,7 +11,7 @@ from agents.zoo.configs import vocabulary
 from agents.modes import MODES
 from testbed.core import physics
 from testbed.core.records import LapRecord, alike_runs
-from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary
+from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary, summary_type
 from testbed.launch import predict
 from testbed.launch.runlog import DECODE_KINDS, RunLog
 from testbed.scenario.config import Scenario
@@ -145,10 +145,10 @@ def summarize(log: RunLog) -> RunSummary:
     ttft = ttft_summary(log.first_prompt, sc) if log.first_prompt else None
     info = MODES[sc.decode.mode]
     part = mode_summary(log) if info.summary_field is not None else None
-    parts = {info.summary_field: part} if part is not None else {}
+    parts = {info.summary_field: part} if part is not None else {}  # RunSummary's field of that mode
     # a mode with its own headline (several streams: the aggregate; tensor parallelism: its per-token latency)
     headline = part.headline if hasattr(part, "headline") else None
-    return RunSummary(
+    return summary_type()(
         scenario=sc.name, description=sc.description, shaper=log.shaper, shaper_reason=log.shaper_reason,
         phase=log.phase, mode=sc.decode.mode, stages=sc.n_stages, stage_names=tuple(s.name for s in sc.stages),
         hops_ms=tuple(link.delay_ms for link in sc.ring), tokens=log.decode_tokens, laps=log.decode_laps,
@@ -159,7 +159,7 @@ def summarize(log: RunLog) -> RunSummary:
         error_pct=(headline[2] if headline else (measured / predicted - 1) * 100 if measured and predicted else None),
         lap_residual_ms=residual, per_hop=tuple(per_hop), per_stage=per_stage,
         overhead_ms_per_hop=float(np.mean(overheads)) if overheads else None,
-        ttft=ttft, self_check=self_check(log), parts=parts,
+        ttft=ttft, self_check=self_check(log), **parts,
         history=tuple(log.history), metrics_url=log.metrics_url,
         text=vocabulary(sc.model).decode(log.token_ids), token_ids=tuple(log.token_ids), generated_tokens=log.generated_tokens,
         shaper_facts={**log.shaper_facts, "schedule_changes": [dataclasses.asdict(c) for c in log.schedule_changes]}

@@ -18,7 +18,7 @@ from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
 from testbed.deploy.catalog import ModelPreset
 from testbed.deploy.rules import apply_geometry, prompt_lap_s
-from testbed.scenario.decode import decode_from_dict, parse_k_range  # noqa: F401 - parse_k_range re-exported
+from testbed.scenario.decode import decode_from_dict, decode_keys, parse_k_range  # noqa: F401 - parse_k_range re-exported
 from testbed.scenario.model import BYTE_MODELS, check_models, model_name
 from testbed.scenario.network import NETWORK_KEYS, links_from_dict
 from testbed.scenario.placement import edge_links, placement_from_dict as _placement, spec_from_dict
@@ -101,7 +101,7 @@ class Scenario:
                                prefill_ms_per_token=stage.prefill_ms_per_token * factor,
                                roofline=stage.roofline.scaled(factor) if stage.roofline else None)
                        for stage in self.stages)
-        decode = replace(self.decode, draft_ms=self.decode.draft_ms * factor)
+        decode = self.decode.time_scaled(factor)
         return replace(self, stages=stages, links=links, decode=decode, loss_rto_ms=self.loss_rto_ms * factor,
                        schedule=tuple(e.scaled(factor, rates=True) for e in self.schedule),
                        lap_timeout_s=self.lap_timeout_s * factor)
@@ -115,7 +115,6 @@ _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
 _WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes", "extra_positions", "own_width",
                                                     "kv_layer_bytes", "stage_layers"}  # derived from [geometry]
-_DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
 
 
 def builtin_names() -> list[str]:
@@ -214,7 +213,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     links = links_from_dict(net, len(stages), regions, placed, placement.head, scale, source)
     seed = _number(net, "seed", 0, source, "network", integer=True)
     loss_rto_ms = _number(net, "loss_rto_ms", LOSS_RTO_MS, source, "network", minimum=1.0, maximum=60_000) * scale
-    decode = decode_from_dict(section(raw, "decode", _DECODE_KEYS, source), source, scale)
+    decode = decode_from_dict(section(raw, "decode", decode_keys(), source), source, scale)
     if len(stages) < MODES[decode.mode].min_stages:
         raise ConfigError(f"{decode.mode} decode needs a ring of at least {MODES[decode.mode].min_stages} stages",
                           source=source,

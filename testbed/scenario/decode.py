@@ -1,13 +1,15 @@
-"""[decode] of a scenario: every key of DecodeConfig checked by its rule (testbed.scenario.config builds the rest)."""
+"""[decode] of a scenario: DecodeConfig's keys checked by their rules here, each mode's own keys by its settings'."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 from typing import Any
 
-from agents.modes import MODES, modes_with
-from testbed.core.decode import BATCHING, DRAFT_KINDS, K_MAX_BOUND, MAX_STREAMS, MAX_TREE, TREE_POLICIES, DecodeConfig
+from agents.modes import MODES, mode_settings, modes_with
+from agents.modes.speculative.settings import K_MAX_BOUND
+from testbed.core.decode import BATCHING, MAX_STREAMS, DecodeConfig
 from testbed.core.errors import ConfigError
+from testbed.core.settings import ModeSettings, Rule, SettingError, rules
 from testbed.scenario.validate import number as _number
 from testbed.scenario.validate import string as _string
 
@@ -15,7 +17,8 @@ MAX_TOKENS = 100_000
 MAX_PROMPT = 131_072  # an emulated prompt (testbed.deploy.rules); without a [geometry], the model's window bounds it
 
 
-# How each [decode] key is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from DecodeConfig.
+# How each key of DecodeConfig's own is checked: (kind, bounds or choices, scaled by `scale`). Defaults come from
+# DecodeConfig; a mode's own keys (decode.k, decode.tree_n, ...) come with their rules in its settings class.
 _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "mode": ("choice", (), False),  # choices: MODES, read when checked (a test may register a mode)
     "tokens": ("int", (1, MAX_TOKENS), False),
@@ -26,25 +29,24 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
     "batching": ("choice", BATCHING, False),
     "temperature": ("number", (0.0, 100.0), False),
     "seed": ("int", (0, None), False),
-    "k": ("k", (1, K_MAX_BOUND), False),
-    "k_max": ("int", (1, K_MAX_BOUND), False),
-    "draft": ("model", DRAFT_KINDS, False),  # or a checkpoint "hf:PATH" (testbed.scenario.model)
+    "draft": ("model", (), False),  # "trained", "calibrated" or a checkpoint "hf:PATH" (testbed.scenario.model)
     "alpha": ("number", (0.0, 1.0), False),
     "draft_ms": ("number", (0.0, 60_000.0), True),
-    "k_sweep": ("k_list", (1, K_MAX_BOUND), False),
-    "rounds_per_k": ("int", (1, 100_000), False),
-    "min_rounds": ("int", (0, 100_000), False),
-    "tree_n": ("int", (1, MAX_TREE), False),
-    "tree_k": ("int", (1, 64), False),
-    "tree_depth": ("int", (1, 64), False),
-    "tree_policy": ("choice", TREE_POLICIES, False),
 }
 
 
+def decode_keys() -> set[str]:
+    """Every key [decode] may hold: DecodeConfig's own and every registered mode's settings'."""
+    return set(_DECODE_RULES) | {f.name for cls in mode_settings() for f in fields(cls)}
+
+
 def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig:
-    """[decode] -> DecodeConfig: every field of the dataclass checked by its rule, defaults from the dataclass."""
+    """[decode] -> DecodeConfig: every field of the dataclass checked by its rule, defaults from the dataclass, and
+    every registered mode's settings from their own keys."""
     values: dict[str, Any] = {}
     for f in fields(DecodeConfig):
+        if f.name == "mode_settings":
+            continue
         kind, bounds, scaled = _DECODE_RULES[f.name]
         default = f.default
         key = f"decode.{f.name}"
@@ -58,14 +60,9 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
             value = _string(dec, f.name, default, source, "decode")
             if not value:
                 raise ConfigError("expected a non-empty string", source=source, key=key)
-        elif kind == "k" and dec.get(f.name) == "auto":
-            value = "auto"
-        elif kind == "k_list":
-            value = _k_list(dec.get(f.name, list(default)), source, bounds)
         else:
             low, high = bounds
-            value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high,
-                            integer=kind in ("int", "k"))
+            value = _number(dec, f.name, default, source, "decode", minimum=low, maximum=high, integer=kind == "int")
         values[f.name] = value * scale if scaled else value
     if values["streams"] > 1:  # plain decode of several streams in flight is the streams mode (ModeInfo.streams_as)
         streams_as = MODES[values["mode"]].streams_as
@@ -74,15 +71,39 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
                               f"{' or '.join(map(repr, modes_with('streams_as') + ('streams',)))}", source=source,
                               key="decode.streams")
         values["mode"] = streams_as
-    return DecodeConfig(**values)
+    held = tuple(settings_from_dict(cls, dec, source).time_scaled(scale) for cls in mode_settings())
+    return DecodeConfig(**values, mode_settings=held)
 
 
-def _k_list(value: Any, source: str, bounds: tuple[int, int]) -> tuple[int, ...]:
+def settings_from_dict(cls: type[ModeSettings], dec: dict, source: str) -> ModeSettings:
+    """A mode's settings from [decode]: each of its keys checked by its rule (its default where absent), then the
+    mode's own check across them (ModeSettings.check)."""
+    values = {name: _setting(dec, name, default, rule, source) for name, (default, rule) in rules(cls).items()}
+    settings = cls(**values)
+    try:
+        settings.check()
+    except SettingError as exc:
+        raise ConfigError(str(exc), source=source, key=f"decode.{exc.key}") from exc
+    return settings
+
+
+def _setting(dec: dict, name: str, default: Any, rule: Rule, source: str) -> Any:
+    value = dec.get(name, default)
+    if rule.listed:
+        return _int_list(value, source, (int(rule.low), int(rule.high)), name)
+    if rule.choices:
+        return _string(dec, name, default, source, "decode", rule.choices)
+    if isinstance(value, str) and value in rule.words:
+        return value
+    return _number(dec, name, default, source, "decode", minimum=rule.low, maximum=rule.high, integer=rule.integer)
+
+
+def _int_list(value: Any, source: str, bounds: tuple[int, int], name: str) -> tuple[int, ...]:
     low, high = bounds
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) and low <= k <= high
-                                               for k in value):
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and low <= k <= high for k in value):
         raise ConfigError(f"expected an array of integers in [{low}, {high}], got {value!r}", source=source,
-                          key="decode.k_sweep")
+                          key=f"decode.{name}")
     return tuple(value)
 
 

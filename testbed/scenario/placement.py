@@ -6,6 +6,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from agents.modes import MODES, modes_with
+from agents.modes.speculative.settings import SpecSettings
 from testbed.core.decode import (DRAFT_PLACEMENTS, HEAD_PLACEMENTS, KV_PLACEMENTS, MAX_CLIENTS, DecodeConfig,
                                  PlacementConfig, SpecConfig, TPConfig)
 from testbed.core.errors import ConfigError
@@ -35,8 +36,10 @@ def tensor_parallel(decode: DecodeConfig, links: list[LinkSpec], stages: list[St
                      source: str) -> tuple[DecodeConfig, list[LinkSpec]]:
     """parallel = "tp": plain decode of one stream as the "tp" mode; all-to-all gets a link between every pair
     (from [regions] where the scenario has them, else [[network.links]] must give them)."""
-    if decode.mode != "plain":
-        raise ConfigError(f"tensor parallelism runs plain decode of one stream, not {decode.mode!r}", source=source,
+    tp_as = MODES[decode.mode].tp_as  # plain decode of one stream runs as the tp mode (ModeInfo.tp_as)
+    if tp_as is None:
+        runs = " or ".join(f"{name} decode" for name in modes_with("tp_as"))
+        raise ConfigError(f"tensor parallelism runs {runs} of one stream, not {decode.mode!r}", source=source,
                           key="parallel")
     if placement.head != "entry" or placement.kv != "local":
         raise ConfigError("tensor parallelism keeps the head and the KV on every rank: leave [placement] at its "
@@ -59,7 +62,7 @@ def tensor_parallel(decode: DecodeConfig, links: list[LinkSpec], stages: list[St
             raise ConfigError(f"an all-to-all all-reduce needs a link between every pair of stages; missing "
                               f"{', '.join(f'{i}->{j}' for i, j in missing)} (add [[network.links]], or give "
                               f"[regions] and a region to every stage)", source=source, key="tp.allreduce")
-    return replace(decode, mode="tp"), links
+    return replace(decode, mode=tp_as), links
 
 
 def spec_from_dict(raw: Any, decode: DecodeConfig, source: str, scale: float) -> tuple[SpecConfig, DecodeConfig]:
@@ -82,7 +85,8 @@ def spec_from_dict(raw: Any, decode: DecodeConfig, source: str, scale: float) ->
         raise ConfigError(f"an edge draft is speculative decoding: decode.mode must be "
                           f"{' or '.join(map(repr, modes_with('edge_as')))}, not {decode.mode!r}", source=source,
                           key="spec.placement")
-    if decode.k == "auto" or decode.k_sweep:
+    k_settings = decode.settings(SpecSettings)
+    if k_settings.k == "auto" or k_settings.k_sweep:
         raise ConfigError("an edge client drafts a fixed K: set decode.k to a number and no k_sweep", source=source,
                           key="decode.k")
     return spec, replace(decode, mode=edge_as)

@@ -22,7 +22,9 @@ class StageConfig:
     # of T tokens, a continuous batch of b one-token frames):
     #     compute_ms + prefill_ms_per_token * (T - 1) + per_token_ms * (b - 1)
     per_token_ms: float = 0.0  # marginal cost of one more stream in a batch (memory-bound decode: small)
-    prefill_ms_per_token: float = 0.0  # marginal cost of one more position in a block (compute-bound prefill)
+    # marginal cost of one more position in a block (compute-bound prefill); unset under a [geometry], the roofline's
+    # of the stage's share on its hardware, else on testbed.deploy.rules.PREFILL_HARDWARE (apply_prefill)
+    prefill_ms_per_token: float = 0.0
     region: str | None = None  # a name of the scenario's [regions]: the ring hops come from its matrix
     is_head: bool = False  # the separate LM head's agent (placement.head = "separate"): no layers, appended last
     # Compute from hardware (testbed.deploy): the stage's share of the [geometry] model on `devices` of a preset (or

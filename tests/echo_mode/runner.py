@@ -1,4 +1,4 @@
-"""The echo mode's runner: the entry feeds the prompt back one byte per lap (teacher forcing)."""
+"""The echo mode's runner: the entry feeds the prompt back one byte per lap (teacher forcing), every echo_stride-th."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from agents.zoo.configs import encode
 from agents.process.ring import RingClient
 from testbed.core.decode import DecodeConfig
 from tests.echo_mode.facts import Echoed
+from tests.echo_mode.settings import EchoSettings
 
 
 class EchoMode:
@@ -19,10 +20,11 @@ class EchoMode:
 
     async def run(self) -> int:
         ids = encode(self.config.prompt)
-        for pos, token in enumerate(ids[: self.config.tokens]):
-            _, record = await self.ring.lap([token], pos, "decode", lambda logits: None)
+        echoed = list(enumerate(ids))[:: self.config.settings(EchoSettings).echo_stride][: self.config.tokens]
+        for lap, (pos, token) in enumerate(echoed):  # the lap's own position in the stages' caches: one a lap
+            _, record = await self.ring.lap([token], lap, "decode", lambda logits: None)
             self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,), facts=Echoed(pos, token)))
-        return min(len(ids), self.config.tokens)
+        return len(echoed)
 
 
 Runner = EchoMode

@@ -29,6 +29,7 @@ from agents.modes.dsd.facts import DsdRequest, DsdRound, DsdVerify
 from agents.modes.speculative.runner import Drafter, PositionRandom, overlap, probabilities, sample, verify
 from agents.zoo.prompts import prompt_ids
 from agents.process.ring import RingClient
+from agents.modes.speculative.settings import SpecSettings
 from testbed.core.decode import DecodeConfig, SpecConfig
 from testbed.core.errors import PeerTimeout, WireError
 from testbed.core.records import LapRecord, Stamp
@@ -157,7 +158,7 @@ class EdgeClient:
 
         self.config, self.ring, self.spec = config, ring, spec
         self.client = ring.index - ring.n_stages
-        self.k = int(config.k)
+        self.k = int(config.settings(SpecSettings).k)
         self.rand = randoms(config.seed, self.client)
         model = shared_model(draft_name(config.draft, ring.stage.model))
         self.drafter = Drafter(model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3, self.rand,

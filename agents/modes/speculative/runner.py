@@ -30,6 +30,7 @@ from agents.zoo.prompts import prompt_ids
 from agents.process.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
+from agents.modes.speculative.settings import SpecSettings
 from testbed.core.decode import DecodeConfig
 
 K_AUTO_START = 4  # K before anything has been measured
@@ -226,7 +227,8 @@ class KChooser:
 
 def k_schedule(config: DecodeConfig) -> Callable[[int, KChooser], int | None]:
     """Which K the next round uses: fixed, auto, or a sweep (rounds_per_k rounds at each K in k_sweep)."""
-    sweep, rounds_per_k = list(config.k_sweep), config.rounds_per_k
+    own = config.settings(SpecSettings)
+    sweep, rounds_per_k = list(own.k_sweep), own.rounds_per_k
     if sweep:
         return lambda round_no, _chooser: sweep[round_no // rounds_per_k] if round_no < len(sweep) * rounds_per_k \
             else None
@@ -249,7 +251,8 @@ class SpeculativeMode:
         draft_model = shared_model(draft_name(config.draft, ring.stage.model))
         self.drafter = Drafter(draft_model, config.draft, config.alpha, config.temperature, config.draft_ms / 1e3,
                                self.rand, ring.clock, ring.dilation)
-        self.chooser = KChooser(None if config.k == "auto" else int(config.k), config.k_max)
+        own = config.settings(SpecSettings)
+        self.chooser = KChooser(None if own.k == "auto" else int(own.k), own.k_max)
         self.sequence: list[int] = []
         self.generated = 0
 
@@ -284,9 +287,9 @@ class SpeculativeMode:
         self.sequence.extend(new_tokens)
         self.generated += len(new_tokens)
         self.chooser.observe(overlaps, draft_time, k, record.compute_s, record.ring_s, accepted)
-        sweeping = bool(config.k_sweep)
+        sweeping = bool(config.settings(SpecSettings).k_sweep)
         facts = SpecRound(k, accepted, draft_time, draft_real, sum(overlaps), config.draft, self.chooser.alpha_hat,
-                          config.k == "auto" and not sweeping)
+                          config.settings(SpecSettings).k == "auto" and not sweeping)
         # a round is the draft plus the verify lap
         self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new_tokens),
                                              ids=tuple(new_tokens), facts=facts))
@@ -296,10 +299,10 @@ class SpeculativeMode:
         block_size = self.ring.stage.model.config.block_size
         prompt = prompt_ids(config, self.ring.stage.model)
         next_k = k_schedule(config)
-        sweeping = bool(config.k_sweep)
+        sweeping = bool(config.settings(SpecSettings).k_sweep)
         await self.restart(prompt, 0)
         round_no = 0
-        while sweeping or self.generated < config.tokens or round_no < config.min_rounds:
+        while sweeping or self.generated < config.tokens or round_no < config.settings(SpecSettings).min_rounds:
             k = next_k(round_no, self.chooser)
             if k is None:
                 break

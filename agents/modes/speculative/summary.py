@@ -8,6 +8,7 @@ import numpy as np
 
 from agents.modes.speculative.facts import PerKRow, SpecRates, SpecRound, SpecSummary
 from agents.modes.speculative.metrics import RoundTotals, SpecRounds
+from agents.modes.speculative.settings import SpecSettings
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.scenario.config import Scenario
@@ -88,7 +89,7 @@ def _spec_summary(scenario: Scenario, overall: SpecRates, by_k: dict[int, SpecRa
                   accepted_per_pos: list[int]) -> SpecSummary:
     """The SpecSummary of rounds already reduced to their rates (overall and per K, K ascending) and counts."""
     t_ring = scenario.t_ring_s
-    k_range = max(scenario.decode.k_max, max(by_k))
+    k_range = max(scenario.decode.settings(SpecSettings).k_max, max(by_k))
     timings = (overall.draft_per_token_s, overall.verify_compute_s, t_ring)
     k_star, r_star = physics.best_k(min(alpha, ALPHA_CAP), *timings, k_range)
     survival = physics.survival_curve(drafted_per_pos, accepted_per_pos)

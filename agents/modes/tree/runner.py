@@ -41,6 +41,7 @@ from agents.zoo.prompts import prompt_ids
 from agents.process.ring import CONTEXT_KEEP, RingClient
 from agents.process.stage import PipelineStage
 from testbed.core.clock import Clock
+from agents.modes.tree.settings import TreeSettings
 from testbed.core.decode import DecodeConfig
 
 
@@ -80,7 +81,7 @@ class TreeDrafter:
     def __init__(self, model: GPT, config: DecodeConfig, draft_s: float, clock: Clock, dilation: float) -> None:
         self.model, self.config, self.clock = model, config, clock
         self.draft_s, self.dilation = draft_s, dilation
-        self.cache = model.new_cache(model.config.n_layer, extra_slots=config.tree_n + 1)
+        self.cache = model.new_cache(model.config.n_layer, extra_slots=config.settings(TreeSettings).tree_n + 1)
         self.fed: list[int] = []
 
     def _sync(self, prefix: list[int]) -> None:
@@ -135,27 +136,28 @@ def grow(tree: Tree, config: DecodeConfig, forward: Callable[[Tree, list[int]], 
          generator: torch.Generator) -> Tree:
     """Expand `tree` (its root alone) to decode.tree_n nodes by decode.tree_policy; `forward(tree, nodes)` gives
     the draft's logits at the newest nodes (one batched draft step)."""
+    shape = config.settings(TreeSettings)
     frontier, heap, order = [0], [], 0  # nodes to run the draft on next; best-first: (-score, order, parent, token)
     while frontier:
         new = []
         for row, node in zip(forward(tree, frontier), frontier):
             q = probabilities(row, config.temperature)
             tree.q[node] = q
-            if tree.depths[node] >= config.tree_depth:
+            if tree.depths[node] >= shape.tree_depth:
                 continue
             logq = torch.log_softmax(row.to(torch.float64), -1)
-            for token in candidates(row, q, config.tree_k, config.temperature, generator):
-                if config.tree_policy == "topk":
+            for token in candidates(row, q, shape.tree_k, config.temperature, generator):
+                if shape.tree_policy == "topk":
                     new.append((node, token, tree.scores[node] + float(logq[token])))
                 else:
                     heapq.heappush(heap, (-(tree.scores[node] + float(logq[token])), order, node, token))
                     order += 1
-        room = config.tree_n + 1 - len(tree.tokens)
-        if config.tree_policy != "topk":
+        room = shape.tree_n + 1 - len(tree.tokens)
+        if shape.tree_policy != "topk":
             new = [(parent, token, -score) for score, _, parent, token in
-                   (heapq.heappop(heap) for _ in range(min(config.tree_k, room, len(heap))))]
+                   (heapq.heappop(heap) for _ in range(min(shape.tree_k, room, len(heap))))]
         frontier = [tree.add(parent, token, score) for parent, token, score in new[:room]]
-        if len(tree.tokens) > config.tree_n:
+        if len(tree.tokens) > shape.tree_n:
             frontier = []  # full: leaves need no draft pass (verification uses q only where there are children)
     return tree
 
@@ -245,7 +247,7 @@ class TreeMode:
 
         def decide(logits: torch.Tensor) -> tuple[list[int], int]:
             p = [probabilities(row, config.temperature) for row in logits]
-            return verify(tree, p, config.tree_policy, config.temperature <= 0, self.generator(2))
+            return verify(tree, p, config.settings(TreeSettings).tree_policy, config.temperature <= 0, self.generator(2))
 
         def from_ids(ids: list[int]) -> tuple[list[int], int]:  # placement.head = "last": the last stage verified
             if not ids or any(not 0 < i < len(tree.tokens) for i in ids[:-1]):
@@ -260,7 +262,8 @@ class TreeMode:
         self.kept = [pos + i for i in path]
         self.sequence.extend(new)
         self.generated += len(new)
-        facts = TreeRound(len(tree.tokens) - 1, len(path), draft_s, draft_real, steps, max(tree.depths), config.tree_policy)
+        facts = TreeRound(len(tree.tokens) - 1, len(path), draft_s, draft_real, steps, max(tree.depths),
+                          config.settings(TreeSettings).tree_policy)
         self.ring.report(dataclasses.replace(record, start=round_start, tokens=len(new), ids=tuple(new), facts=facts))
 
     async def run(self) -> int:
@@ -268,7 +271,7 @@ class TreeMode:
         block_size = self.ring.stage.model.config.block_size
         await self.restart(prompt_ids(config, self.ring.stage.model))
         while self.generated < config.tokens:
-            if len(self.sequence) + config.tree_depth + 1 > block_size:
+            if len(self.sequence) + config.settings(TreeSettings).tree_depth + 1 > block_size:
                 await self.restart(self.sequence[-CONTEXT_KEEP:])
             await self.round()
         return self.generated

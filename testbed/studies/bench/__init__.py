@@ -10,7 +10,10 @@ from testbed.studies.bench import figures, measure
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the figures a user checks first, in a few minutes: sections 1-3b (relay release error, "
+                             "per-hop overhead against the raw socket, three Table 2 rows undilated and at auto "
+                             "dilation, beside virtual), fewer samples; without it every section runs")
     parser.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
     parser.add_argument("--only", choices=("all", "studies", "hidden"), default="all",
                         help="studies: only section 8, one row of every study; hidden: only section 3c, the "

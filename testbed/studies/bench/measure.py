@@ -1,5 +1,9 @@
 """python -m testbed bench: relay precision, per-hop overhead vs raw sockets, Table 2 fidelity, launcher cost per lap.
 
+`--quick` runs the figures a user checks first, in a few minutes: the relay's release error (1), the per-hop
+overhead against the raw socket and one hop taken apart (2, 2b), and three Table 2 rows undilated and at auto
+dilation on each backend (3) beside the virtual reference (3b). The full bench (without --quick) runs every section.
+
 Targets: relay release error p99 <= 100 us; per-hop overhead <= 2x a raw blocking-socket loopback one-way
 transfer of the same payload (section 2b takes one hop apart: what the relay and the agent's reader each add);
 fidelity |measured/predicted - 1| <= 1% on every Table 2 row with time dilation
@@ -50,6 +54,12 @@ HOP_TARGET_MS = 0.2
 VARIANTS = (("D=1", 1.0, False), ("auto", "auto", False), ("auto+comp", "auto", True))
 # Inside user-mode-linux every agent start costs ~30 s: netem rows skip compensation (the relay shows its worth).
 VARIANTS_BY_SHAPER = {"netem": VARIANTS[:2], "virtual": VARIANTS[:1]}  # virtual: exact, dilation does not apply
+# --quick: these rows in these variants (compensation, a third run of every row, is the full bench's), fewer tokens.
+QUICK_ROWS = (TABLE2_ROWS[0], TABLE2_ROWS[3], TABLE2_ROWS[6])
+QUICK_VARIANTS = ("D=1", "auto")
+QUICK_TOKENS = 12
+FULL_ONLY_SECTIONS = ("3c hidden-size sweep", "4 launcher cost per lap", "5 scale", "6 scale on simulated time",
+                      "7 agents", "soak", "8 studies")
 WIDE_WIDTH = 200  # the side-by-side fidelity tables
 
 
@@ -168,15 +178,30 @@ class RingResult:
         return [h.measured_ms_p99 - h.configured_ms for h in self.summary.per_hop if h.measured_ms_p99 is not None]
 
 
-def run_rows(shaper: str, rows: tuple[str, ...], tokens: int, only: str | None = None) -> list[RingResult]:
-    """Every row in every variant (or the `only` one: a backend without it runs its first), one after another (each
-    row's variants back to back: same box load). A row is a scenario, or "scenario;KEY=VALUE;..." (--set overrides:
-    the hidden-size sweep's rows, testbed.studies.bench.hidden)."""
+def variants_of(shaper: str, only: str | tuple[str, ...] | None = None) -> tuple:
+    """The backend's variants (label, dilation, compensation), or those of them labelled `only` (a label or
+    several); a backend with none of those runs its first."""
+    variants = VARIANTS_BY_SHAPER.get(shaper, VARIANTS)
+    if only is None:
+        return variants
+    labels = (only,) if isinstance(only, str) else only
+    return tuple(v for v in variants if v[0] in labels) or variants[:1]
+
+
+def variants_run(shaper: str, results: list["RingResult"]) -> tuple:
+    """The backend's variants that `results` hold, in the backend's order (a quick bench runs fewer)."""
+    labels = {r.variant for r in results}
+    return tuple(v for v in VARIANTS_BY_SHAPER.get(shaper, VARIANTS) if v[0] in labels)
+
+
+def run_rows(shaper: str, rows: tuple[str, ...], tokens: int,
+             only: str | tuple[str, ...] | None = None) -> list[RingResult]:
+    """Every row in every variant (or those labelled `only`: variants_of), one after another (each row's variants
+    back to back: same box load). A row is a scenario, or "scenario;KEY=VALUE;..." (--set overrides: the
+    hidden-size sweep's rows, testbed.studies.bench.hidden)."""
     from testbed.launch.launcher import run_scenario
 
-    variants = VARIANTS_BY_SHAPER.get(shaper, VARIANTS)
-    if only is not None:
-        variants = tuple(v for v in variants if v[0] == only) or variants[:1]
+    variants = variants_of(shaper, only)
     results = []
     for row in rows:
         name, *overrides = row.split(";")
@@ -191,7 +216,7 @@ def run_rows(shaper: str, rows: tuple[str, ...], tokens: int, only: str | None =
 
 
 def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console,
-                       only: str | None = None) -> list[RingResult] | None:
+                       only: str | tuple[str, ...] | None = None) -> list[RingResult] | None:
     """Run the netem rows where netem exists: natively, or by re-running this bench inside user-mode-linux."""
     from netem.probe import probe
     from netem.uml import uml_available
@@ -208,15 +233,19 @@ def netem_rows_via_uml(rows: tuple[str, ...], tokens: int, console: Console,
         out = Path(tmp) / "netem.json"
         status = subprocess.call([sys.executable, "-m", "netem.uml", "--timeout", str(NETEM_ROWS_TIMEOUT_S), "--",
                                   sys.executable, "-m", "testbed.studies.bench.measure", "--netem-rows-json", str(out),
-                                  "--tokens", str(tokens), *(["--only", only] if only else []), *rows])
+                                  "--tokens", str(tokens), *(["--only", _labels(only)] if only else []), *rows])
         if status != 0 or not out.exists():
             console.print(f"[red]netem rows inside user-mode-linux failed (status {status})")
             return None
         return [RingResult.from_dict(item) for item in json.loads(out.read_text())]
 
 
+def _labels(only: str | tuple[str, ...]) -> str:
+    return only if isinstance(only, str) else ",".join(only)
+
+
 def rows_on(shaper: str, rows: tuple[str, ...], tokens: int, console: Console,
-            only: str | None = None) -> list[RingResult] | None:
+            only: str | tuple[str, ...] | None = None) -> list[RingResult] | None:
     """The rows on one backend: netem where it exists (natively or inside user-mode-linux), else in this process."""
     if shaper == "netem":
         return netem_rows_via_uml(rows, tokens, console, only)
@@ -239,7 +268,7 @@ def fidelity_table(shaper: str, rows: tuple[str, ...], results: list[RingResult]
     table.add_column("row")
     table.add_column("T_ring ms", justify="right")
     table.add_column("paper tok/s", justify="right")
-    variants = VARIANTS_BY_SHAPER.get(shaper, VARIANTS)
+    variants = variants_run(shaper, results)
     for label, _, _ in variants:
         for col in ("D", "error %", "hop p50/p99", "s"):
             table.add_column(f"{label} {col}" if col != "D" else f"{label}\nD", justify="right")
@@ -267,7 +296,7 @@ def percentiles_us(values: list[float]) -> tuple[float, float]:
 def fidelity_section(console: Console, shaper: str, rows: tuple[str, ...], results: list[RingResult]) -> list[dict]:
     """Section 3 on one backend: the side-by-side table, then each variant's worst errors against the targets."""
     console.print(fidelity_table(shaper, rows, results))
-    for label, _, _ in VARIANTS_BY_SHAPER.get(shaper, VARIANTS):
+    for label, _, _ in variants_run(shaper, results):
         mine = [r for r in results if r.variant == label]
         worst = max(abs(r.summary.error_pct) for r in mine)
         hops = [abs(e) for r in mine for e in r.hop_errors_ms]
@@ -324,7 +353,8 @@ def overhead_table(console: Console, by_shaper: dict[str, list[RingResult]], qui
 
 
 def run(args: argparse.Namespace, console: Console) -> dict:
-    """Every section, printed as it is measured; returns their figures (the JSON)."""
+    """Every section (--quick: the first ones, see the module's docstring), printed as it is measured; returns their
+    figures (the JSON)."""
     if not console.is_terminal:  # a log file or a pipe: rich would fold the side-by-side tables to 80 columns
         console = Console(width=WIDE_WIDTH, file=console.file, quiet=console.quiet)
     quick = args.quick
@@ -340,12 +370,12 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     figures["relay"] = relay_table(console, quick)
 
     # 3 (run first: 2 needs its per-hop figures). Table 2 fidelity on every backend.
-    tokens = 12 if quick else 24
-    rows = TABLE2_ROWS if not quick else (TABLE2_ROWS[0], TABLE2_ROWS[3], TABLE2_ROWS[6])
+    tokens = QUICK_TOKENS if quick else 24
+    rows = QUICK_ROWS if quick else TABLE2_ROWS
     by_shaper: dict[str, list[RingResult]] = {}
     for shaper in shapers:
         console.print(f"running {len(rows)} Table 2 rows on the {shaper} backend ({tokens} tokens each)...")
-        results = rows_on(shaper, rows, tokens, console)
+        results = rows_on(shaper, rows, tokens, console, QUICK_VARIANTS if quick else None)
         if results:
             by_shaper[shaper] = results
 
@@ -359,7 +389,13 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     from testbed.studies.bench.scale import scale_table
     from testbed.studies.bench.virtual import against_virtual_table, virtual_scale_table
     if "virtual" in by_shaper:
-        figures["against_virtual"] = against_virtual_table(console, by_shaper, VARIANTS_BY_SHAPER, VARIANTS)
+        ran = {shaper: variants_run(shaper, results) for shaper, results in by_shaper.items()}
+        figures["against_virtual"] = against_virtual_table(console, by_shaper, ran, VARIANTS)
+    if quick:
+        console.print(f"quick bench: sections 1-3b; `python -m testbed bench` (without --quick) runs every section, "
+                      f"with {', '.join(FULL_ONLY_SECTIONS)}")
+        return figures
+    if "virtual" in by_shaper:
         figures["hidden"] = hidden_sweep(console, shapers, quick, rows_on)
     figures["launcher"] = launcher_cost_table(console)
     from testbed.studies.bench.agents import agents_table
@@ -383,10 +419,10 @@ def _netem_rows_entry(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--netem-rows-json", required=True)
     parser.add_argument("--tokens", type=int, default=24)
-    parser.add_argument("--only", help="run only this variant of each row")
+    parser.add_argument("--only", help="run only these variants of each row (comma-separated labels)")
     parser.add_argument("rows", nargs="+")
     args = parser.parse_args(argv)
-    results = run_rows("netem", tuple(args.rows), args.tokens, args.only)
+    results = run_rows("netem", tuple(args.rows), args.tokens, tuple(args.only.split(",")) if args.only else None)
     Path(args.netem_rows_json).write_text(json.dumps([r.to_dict() for r in results]))
     return 0
 

@@ -119,7 +119,7 @@ def reordered(scenario: Scenario, order: tuple[int, ...], label: str, head_regio
            "regions": {"names": list(scenario.regions.names), "source": scenario.regions.source,
                        "one_way_ms": [list(row) for row in scenario.regions.one_way_ms]},
            "decode": {k: list(v) if isinstance(v, tuple) else v
-                      for k, v in dataclasses.asdict(scenario.decode).items()},
+                      for k, v in scenario.decode.to_section().items()},
            "wire": {"codec": scenario.wire.codec, "block": scenario.wire.block},
            **({"geometry": geometry_table(scenario.geometry)} if scenario.geometry else {}),
            # already scaled figures, at scale 1; jitter, loss and rate as the scenario's first hop has them

@@ -11,7 +11,7 @@ from typing import Final
 
 from testbed.core.decode import BATCHING
 from testbed.core.errors import ConfigError
-from testbed.studies.regimes.measure import KINDS, RegimeRow, RegimesResult
+from testbed.studies.regimes.measure import KINDS, STREAMS, RegimeRow, RegimesResult
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.scenario.validate import check_number, record_from
 
@@ -40,7 +40,7 @@ def check_regime_row(row: RegimeRow, source: str, where: str) -> None:
     check_number(row.error_pct, source, f"{where}.error_pct")
     for key in REGIME_ROW_FIGURES[row.regime]:
         check_number(getattr(row, key), source, f"{where}.{key}", minimum=0.0)
-    if row.regime == "streams" and row.batching not in BATCHING:
+    if row.regime == STREAMS and row.batching not in BATCHING:
         raise ConfigError(f"expected one of {', '.join(BATCHING)}, got {row.batching!r}", source=source,
                           key=f"{where}.batching")
 
@@ -83,7 +83,7 @@ def streams_series(results: Sequence[RegimesResult]) -> dict[str, list[RegimeRow
     series: dict[str, list[RegimeRow]] = {}
     for result in results:
         for row in result.rows:
-            if row.regime == "streams":
+            if row.regime == STREAMS:
                 name = _series_name(result, f"batching {row.batching}", len(results) > 1)
                 series.setdefault(name, []).append(row)
     return {name: sorted(rows, key=lambda row: row.streams) for name, rows in series.items()}

@@ -24,6 +24,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from agents.modes import MODES
 from testbed.studies.base import (ensure_models_on, log_to, make_scenario, plan_runs, print_tables, results_path,
                                    write_json)
 from testbed.scenario.config import Scenario
@@ -36,6 +37,8 @@ PROMPT_TOKENS = (16, 128, 240)  # the models' context is 256 positions: 240 leav
 SLOW_RATE_MBIT = 10.0
 STREAM_TOKENS = 16  # tokens per stream in the streams runs (and the decode runs) unless --tokens says
 KINDS = ("ttft", "streams", "decode", "speculative")
+# the study's regimes by name (a row's `regime`, --only): what a run measured, decided by its mode's card (row_of)
+TTFT, STREAMS, DECODE, SPECULATIVE = KINDS
 
 
 @dataclass(frozen=True)
@@ -91,40 +94,40 @@ def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int,
     """(label, --set overrides) of every run the regime map needs (`streams`: the M values, default stream_counts)."""
     runs: list[tuple[str, list[str]]] = []
     base_rate = scenario.ring[0].rate_mbit if scenario.ring else 0.0
-    if "ttft" in kinds:
+    if TTFT in kinds:
         for rate in dict.fromkeys((base_rate, SLOW_RATE_MBIT)):
             for p in PROMPT_TOKENS:
                 runs.append((f"ttft P={p} W={'unlimited' if not rate else f'{rate:g} Mbit/s'}",
                              ["decode.mode=plain", f"decode.prompt_tokens={p}", "decode.tokens=2",
                               f"network.rate_mbit={rate}"]))
-    if "streams" in kinds:
+    if STREAMS in kinds:
         for batching in ("none", "continuous"):
             for m in streams or stream_counts(scenario.n_stages, knee(scenario)):
                 runs.append((f"streams M={m} {batching}", ["decode.mode=streams", f"decode.streams={m}",
                                                             f"decode.batching={batching}", f"decode.tokens={tokens}"]))
-    if "decode" in kinds:
+    if DECODE in kinds:
         runs.append(("decode (one stream)", ["decode.mode=plain", f"decode.tokens={tokens}"]))
-    if "speculative" in kinds:
+    if SPECULATIVE in kinds:
         runs.append(("speculative (one stream)", ["decode.mode=speculative", f"decode.tokens={tokens}"]))
     return runs
 
 
 def row_of(label: str, summary: RunSummary, scenario: Scenario) -> RegimeRow:
     factor = summary.dilation.factor if summary.dilation else 1.0
-    mode = scenario.decode.mode
+    mode = MODES[scenario.decode.mode]
     if label.startswith("ttft"):
         t = summary.ttft
-        return RegimeRow("ttft", label, "s", t.measured_s, t.predicted_s, (t.measured_s / t.predicted_s - 1) * 100,
+        return RegimeRow(TTFT, label, "s", t.measured_s, t.predicted_s, (t.measured_s / t.predicted_s - 1) * 100,
                          prompt_tokens=t.prompt_tokens, rate_mbit=scenario.ring[0].rate_mbit if scenario.ring else 0.0,
                          serialization_s=t.serialization_s, dilation=factor)
-    if mode == "streams":
+    if mode.per_stream:  # several streams in flight: the aggregate against the per-stream rate
         st = summary.streams
-        return RegimeRow("streams", label, "tok/s", st.aggregate_tok_s, st.aggregate_predicted_tok_s,
+        return RegimeRow(STREAMS, label, "tok/s", st.aggregate_tok_s, st.aggregate_predicted_tok_s,
                          st.aggregate_error_pct, streams=st.streams, batching=st.batching,
                          per_stream_tok_s=st.per_stream_p50_tok_s, per_stream_predicted_tok_s=st.per_stream_predicted_tok_s,
                          per_stream_min_tok_s=st.per_stream_min_tok_s, ceiling_tok_s=st.ceiling_tok_s,
                          busiest_stage=max(st.stage_busy), dilation=factor)
-    regime = "speculative" if mode == "speculative" else "decode"
+    regime = SPECULATIVE if mode.spec_headline else DECODE
     return RegimeRow(regime, label, "tok/s", summary.measured_tok_s, summary.predicted_tok_s, summary.error_pct,
                      streams=1, per_stream_tok_s=summary.measured_tok_s,
                      per_stream_predicted_tok_s=summary.predicted_tok_s, dilation=factor)
@@ -152,7 +155,7 @@ async def measure(scenario_name: str, args: argparse.Namespace, kinds: tuple[str
     from testbed.launch.launcher import run_scenario
 
     base = make_scenario(scenario_name, overrides=list(args.overrides))
-    if "streams" in kinds and base.n_stages < 2:
+    if STREAMS in kinds and base.n_stages < 2:
         raise ConfigError(f"{base.name} has one stage: streams in flight need a ring (use --only without streams)",
                           source=base.source, key="stages")
     rows, shaper = [], "?"

@@ -21,7 +21,8 @@ from rich.table import Table
 
 from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, log_to, make_scenario, plan_runs,
                                   print_tables, results_path, write_json)
-from testbed.core.decode import CODECS, MAX_TREE
+from agents.modes.tree.settings import MAX_TREE
+from testbed.core.decode import CODECS
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.scenario.validate import listed

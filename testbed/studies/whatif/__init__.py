@@ -14,7 +14,8 @@ from testbed.studies.whatif import figures, measure
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PRESET", help="a model preset (testbed/deploy/models.toml)")
     parser.add_argument("--hardware", metavar="PRESET[,N]",
-                        help="every stage's hardware preset and devices per stage (testbed/deploy/hardware.toml)")
+                        help="every stage's hardware preset and devices per stage (testbed/deploy/hardware.toml; "
+                             "default: h100-sxm, the fewest per stage that hold a stage's share of the model)")
     parser.add_argument("--regions", metavar="A,B,C",
                         help="one stage per region, the ring in this order (testbed/deploy/regions.toml)")
     parser.add_argument("--draft", metavar="PRESET", help="a draft model preset, run whole on the entry's hardware")

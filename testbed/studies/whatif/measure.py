@@ -20,7 +20,7 @@ from testbed.scenario.config import Scenario, apply_override, scenario_from_dict
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.deploy.catalog import hardware_preset, model_preset, region, regions
-from testbed.deploy.rules import StageShare, stage_roofline
+from testbed.deploy.rules import PREFILL_HARDWARE, StageShare, devices_to_hold, stage_roofline
 from testbed.studies.base import ensure_models_on, log_to, print_tables, write_json
 from testbed.studies.whatif import predict
 from testbed.studies.whatif.predict import TimeShare
@@ -58,6 +58,8 @@ class WhatifResult(JsonRecord):
     ttft_measured_s: float | None = None
     hop_bytes_measured: tuple[int, ...] = ()
     run_predicted_tok_s: float | None = None  # the run's own prediction: the wall with its measured compute
+    prefill_compute_s: float = 0.0  # TTFT's C_prefill(P): the stages' rooflines over the whole prompt
+    prefill_source: str = ""  # the hardware that figure was worked out on, and whether it was the default
 
     @property
     def error_pct(self) -> float | None:
@@ -68,8 +70,14 @@ class WhatifResult(JsonRecord):
         return None if self.ttft_measured_s is None else (self.ttft_measured_s / self.ttft_predicted_s - 1) * 100
 
 
-def hardware_arg(text: str) -> tuple[str, int]:
-    """--hardware PRESET[,N]: the preset and the devices per stage (default 1)."""
+def hardware_arg(text: str | None, model: str | None = None, stages: int = 1) -> tuple[str, int]:
+    """--hardware PRESET[,N]: the preset and the devices per stage (default 1); not given, the default hardware
+    (testbed.deploy.rules.PREFILL_HARDWARE, what a [geometry] stage without hardware prefills on), the fewest per
+    stage that hold the largest stage's share (the entry's: one more layer where they do not divide, the head)."""
+    if text is None:
+        geometry, hardware = model_preset(model, key="--model"), hardware_preset(PREFILL_HARDWARE)
+        share = StageShare(-(-geometry.layers // max(1, stages)), head=True)
+        return PREFILL_HARDWARE, devices_to_hold(geometry, share, True, hardware)
     name, _, count = text.partition(",")
     try:
         devices = int(count) if count else 1
@@ -101,8 +109,8 @@ def link_rate_mbit(args: argparse.Namespace) -> float:
 def build(args: argparse.Namespace) -> Scenario:
     """The scenario of the deployment: [geometry], a stage per region on the hardware, the catalogue's hops."""
     model_preset(args.model, key="--model")
-    hardware, devices = hardware_arg(args.hardware)
     names = region_names(args.regions)
+    hardware, devices = hardware_arg(args.hardware, args.model, len(names))
     catalogue = regions()
     raw = {
         "name": f"whatif-{args.model}",
@@ -125,7 +133,7 @@ def draft_roofline(args: argparse.Namespace, scenario: Scenario):
     if not args.draft:
         return None
     draft = model_preset(args.draft, key="--draft")
-    hardware, devices = hardware_arg(args.hardware)
+    hardware, devices = hardware_arg(args.hardware, args.model, scenario.n_stages)
     return stage_roofline(draft, StageShare(draft.layers, head=True), hardware_preset(hardware), devices)
 
 
@@ -137,7 +145,11 @@ def predicted(args: argparse.Namespace, scenario: Scenario) -> WhatifResult:
     k, spec_rate = predict.spec_at_best_k(scenario, args.alpha, draft_roofline(args, scenario), context) \
         if args.draft else (0, 0.0)
     shares = predict.breakdown(scenario, context)
-    hardware, devices = hardware_arg(args.hardware)
+    hardware, devices = hardware_arg(args.hardware, args.model, len(names))
+    part = hardware_preset(hardware)
+    prefill_source = (f"the rooflines of {args.model}'s share on {devices} x {hardware} a stage "
+                      f"({'--hardware' if args.hardware else 'the default hardware, the fewest that hold a share'}; "
+                      f"{part.flop_efficiency:.0%} of peak FLOP/s: {part.efficiency_source})")
     return WhatifResult(
         whatif=f"{args.model} on {len(names)} x {devices} x {hardware}: {' -> '.join(names)}", model=args.model,
         hardware=hardware, devices=devices, regions=names, hops_ms=tuple(link.delay_ms for link in scenario.ring),
@@ -146,13 +158,14 @@ def predicted(args: argparse.Namespace, scenario: Scenario) -> WhatifResult:
         prompt_tokens=args.prompt, decode_frame_bytes=predict.frame_bytes(scenario, 0, 1),
         predicted_tok_s=predict.decode_tok_s(scenario, args.prompt, args.tokens - 1),
         ttft_predicted_s=predict.ttft_s(scenario, args.prompt), streams=args.streams,
+        prefill_compute_s=predict.prefill_compute_s(scenario, args.prompt), prefill_source=prefill_source,
         streams_predicted_tok_s=predict.streams_tok_s(scenario, args.streams, context), breakdown=shares,
         upgrade_first=predict.upgrade_first(shares), draft=args.draft or "", alpha=args.alpha if args.draft else 0.0,
         spec_k=k, spec_predicted_tok_s=spec_rate)
 
 
 def run(args: argparse.Namespace, console: Console) -> WhatifResult:
-    for option in ("model", "hardware", "regions"):
+    for option in ("model", "regions"):
         if not getattr(args, option):
             raise ConfigError("required: name a preset or regions of testbed/deploy (e.g. --model llama-3.1-70b "
                               "--hardware h100-sxm,8 --regions hong-kong,ireland,virginia)", key=f"--{option}")
@@ -194,6 +207,7 @@ def table(result: WhatifResult) -> Table:
                 "" if result.measured_tok_s is None else f"{result.measured_tok_s:.3f}", err(result.error_pct))
     out.add_row(f"TTFT s (P = {result.prompt_tokens})", f"{result.ttft_predicted_s:.3f}",
                 "" if result.ttft_measured_s is None else f"{result.ttft_measured_s:.3f}", err(result.ttft_error_pct))
+    out.add_row("  of which prefill compute s", f"{result.prefill_compute_s:.3f}", "", "")
     if result.draft:
         out.add_row(f"speculative tok/s ({result.draft}, a = {result.alpha:g}, K* = {result.spec_k})",
                     f"{result.spec_predicted_tok_s:.3f}", "", "")
@@ -225,6 +239,8 @@ def hops_table(result: WhatifResult) -> Table:
 def show(result: WhatifResult, args: argparse.Namespace, console: Console) -> None:
     tables = [table(result), breakdown_table(result)] + ([hops_table(result)] if result.hops_ms else [])
     print_tables(console, tables)
+    console.print(f"prefill compute {result.prefill_compute_s:.3f} s for {result.prompt_tokens} positions: "
+                  f"{result.prefill_source}", markup=False, highlight=False)
     if result.measured:
         console.print(f"measured on {result.shaper} at dilation x{result.dilation:g}; the run's own prediction (the "
                       f"wall with its measured compute): {result.run_predicted_tok_s:.3f} tok/s; bytes per decode lap "

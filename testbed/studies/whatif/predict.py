@@ -77,6 +77,12 @@ def ttft_s(scenario: Scenario, prompt_tokens: int) -> float:
     return lap_s(scenario, prompt_tokens, 1, prompt_tokens)
 
 
+def prefill_compute_s(scenario: Scenario, prompt_tokens: int) -> float:
+    """Eq. 5's C_prefill(P): every stage's pass over the whole prompt, one after another (the roofline's, past its
+    ridge F_tok x P / FLOPS)."""
+    return sum(stage_s(scenario, prompt_tokens, 1, prompt_tokens))
+
+
 def draft_s(draft: Roofline | None, context: float) -> float:
     return draft.seconds(1, 1, context) if draft is not None else 0.0
 
