@@ -262,3 +262,16 @@ async def resolve(scenario: Scenario, requested: float | str, *, compensate: boo
         return chosen
     return summary_for(scenario, float(requested), f"{float(requested):g}", reason="as requested")
 
+
+def undilated_on_simulated_time(scenario: Scenario, shaper_kind: str, dilation: float | str, compensate: bool,
+                                log: Callable[[str], None]) -> tuple[float, bool]:
+    """A simulated backend is exact: it runs undilated (saying so where a factor was asked for), and a lap must take
+    some simulated time, or it has no rate."""
+    if scenario.emulated_compute_s + scenario.t_ring_s <= 0:
+        raise ConfigError(f"on the {shaper_kind} backend a lap with no emulated compute (compute_ms = 0 everywhere) on "
+                          "links of 0 ms takes no simulated time, so it has no rate: give a stage compute_ms or "
+                          "a link a delay", source=scenario.source, key="stages.compute_ms")
+    if dilation not in (1, 1.0, "1", "auto") or compensate:
+        log(f"the {shaper_kind} backend is exact: --dilation {dilation}{' --compensate' if compensate else ''} "
+            "does not apply (ignored)")
+    return 1.0, False

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import collections
 import importlib
 import json
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
@@ -19,12 +16,13 @@ from agents.modes import MODES
 from agents.process.spec import AgentSpec
 from netem.base import Shaper
 from testbed.core.channel import encode_line, read_lines
-from testbed.core.errors import AgentFailed, ConfigError, PeerTimeout
+from testbed.core.errors import AgentFailed, PeerTimeout
 from testbed.core.process import stop_process
 from testbed.core.records import LapRecord, expand_laps
 from testbed.core.summary import AgentUsage, DilationSummary, RunSummary
+from testbed.launch.agents import AgentHandle
 from testbed.launch.budget import run_budget
-from testbed.launch.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation
+from testbed.launch.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation, undilated_on_simulated_time
 from testbed.launch.runlog import RunLog
 from testbed.launch.summarize import self_check, summarize
 from testbed.scenario.config import Scenario
@@ -33,27 +31,7 @@ STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-m
 READY_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.8  # Ctrl-C / failure: every child is gone within ~2 x this
-STDERR_TAIL_LINES = 40
 FORK_SERVER_ENV = "GEO_RING_FORK_SERVER"  # "0": start every agent as a fresh process (python -m agents.process.agent)
-EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Group)\b.*")  # "trio.BrokenResourceError: ..."
-
-
-@dataclass
-class AgentHandle:
-    stage: int
-    name: str
-    process: trio.Process
-    control: trio.lowlevel.FdStream
-    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES))
-    finished: bool = False  # it was told to finish (normal end): exiting is expected
-
-    def cause(self, default: str) -> str:
-        """default, and the agent's last words: the last exception line of a traceback if there is one."""
-        lines = [line.strip(" |+-\t") for line in self.stderr_tail]  # exception groups draw boxes around lines
-        lines = [line for line in lines if line]
-        errors = [line for line in lines if EXCEPTION_LINE.match(line)]
-        last = errors[-1] if errors else (lines[-1] if lines else None)
-        return f"{default}; last output: {last}" if last else default
 
 
 class Launcher:
@@ -386,14 +364,7 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
 
     backend = BACKENDS.get(shaper_kind)
     if backend is not None and backend.simulated:  # exact: there is no overhead for dilation to divide
-        if scenario.emulated_compute_s + scenario.t_ring_s <= 0:
-            raise ConfigError(f"on the {shaper_kind} backend a lap with no emulated compute (compute_ms = 0 everywhere) on "
-                              "links of 0 ms takes no simulated time, so it has no rate: give a stage compute_ms or "
-                              "a link a delay", source=scenario.source, key="stages.compute_ms")
-        if dilation not in (1, 1.0, "1", "auto") or compensate:
-            log(f"the {shaper_kind} backend is exact: --dilation {dilation}{' --compensate' if compensate else ''} "
-                "does not apply (ignored)")
-        dilation, compensate = 1.0, False
+        dilation, compensate = undilated_on_simulated_time(scenario, shaper_kind, dilation, compensate, log)
     chosen = await resolve_dilation(scenario, dilation, compensate=compensate, log=log, run=calibrate,
                                     cache=calibrations, budget_s=budget_s)
     physical = box_scenario(scenario, chosen)
