@@ -261,9 +261,8 @@ async def relay_process_main() -> None:
     """Relay process: one JSON request on stdin, one JSON answer on stdout, then serve until stdin closes."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     lines = LineReader(stdin)
-    # No deadline: started with the shaper, it waits while the agents start (as long as the fork server's preload,
-    # or training, takes); the launcher closes our stdin on every exit path.
-    request = await lines.receive_json()
+    with trio.fail_after(STARTUP_TIMEOUT_S):
+        request = await lines.receive_json()
     if request is None:
         return
     rto_ms = float(request["rto_ms"])
@@ -302,14 +301,6 @@ class UserspaceShaper(Shaper):
         self.reason = self.reason or "userspace relay requested"
         self._process: trio.Process | None = None
 
-    async def setup(self) -> None:
-        """Start the relay process now, while the agents start: its interpreter's start (~0.4 s) is off the run's
-        path; it waits for its links (connect) until its stdin closes."""
-        if self.links and self._process is None:
-            self._process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                process_group=0)  # own process group: Ctrl-C reaches the launcher only, which stops us
-
     async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
         if not self.links:
             return {}
@@ -317,8 +308,10 @@ class UserspaceShaper(Shaper):
                    "links": [{"link": vars(link), "target": list(listen[link.dst]),
                               "events": [e.to_dict() for e in self.schedule if (e.src, e.dst) == (link.src, link.dst)]}
                              for link in self.links]}
-        await self.setup()  # a shaper used without `async with`
-        assert self._process is not None and self._process.stdin is not None and self._process.stdout is not None
+        self._process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "netem.userspace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            process_group=0)  # own process group: Ctrl-C reaches the launcher only, which stops us
+        assert self._process.stdin is not None and self._process.stdout is not None
         await self._process.stdin.send_all(encode_line(request))
         try:
             with trio.fail_after(STARTUP_TIMEOUT_S):

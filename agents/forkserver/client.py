@@ -228,8 +228,6 @@ class ForkServer:
         """Stop the server (its agents stopped first): it sees EOF, reaps what is left, and exits."""
         self.closing = True
         with trio.CancelScope(shield=True):
-            for agent in self.agents.values():  # one forked as its request was cancelled has no handle: EOF ends it
-                await trio.aclose_forcefully(agent.stdin)
             try:
                 self.sock.shutdown(socket.SHUT_WR)  # its EOF; ours comes when it has exited
             except OSError:
