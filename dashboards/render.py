@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -12,6 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from dashboards.serve import serve_line, serve_parts, serve_table
 from dashboards.streams import streams_line, streams_parts, streams_table
 from dashboards.style import error_style as _error_style
 from dashboards.style import stage_names as _stage_names
@@ -25,9 +26,22 @@ TABLE_GAP: Final = 3  # columns between the hop and the stage table when they si
 PHASE_STYLES: Final = {"plain": "bold cyan", "speculative": "bold magenta", "done": "bold green"}
 
 # Display order of the sections; they are chosen by priority (list order in render) until the height is used.
-# A run has speculation or streams, never both: they share a place.
+# A run has speculation or one mode's own line (streams, serve), never two: they share a place.
 ORDER_HEADER, ORDER_RATE, ORDER_SPEC, ORDER_TABLES, ORDER_PLOT, ORDER_SPARKLINE = 0, 1, 2, 3, 8, 9
-ORDER_STREAMS = ORDER_SPEC
+ORDER_MODE = ORDER_SPEC
+
+
+class ModeView(NamedTuple):
+    """A decode mode's own dashboard parts, each None or empty outside its mode."""
+
+    line: Callable[[RunSummary | None, bool], RenderableType | None]  # the live frame's line: (summary, wide)
+    parts: Callable[[RunSummary], list[str]]  # its figures in render_line, as key=value
+    table: Callable[[Sequence[RunSummary]], RenderableType | None]  # below the final table
+
+
+# One entry a mode with parts of its own; render, render_line and render_summary loop over them.
+MODE_VIEWS: Final = (ModeView(streams_line, streams_parts, streams_table),
+                     ModeView(serve_line, serve_parts, serve_table))
 
 
 # ---------------------------------------------------------------- formatters
@@ -290,7 +304,7 @@ def render(summary: RunSummary | None, width: int = 80, height: int = 24) -> Ren
         top = _title_bar(summary, width)
     candidates: list[tuple[int, RenderableType | None]] = [
         (ORDER_HEADER, top), (ORDER_RATE, rate_line(summary, width)), (ORDER_SPEC, spec_line(summary, wide)),
-        (ORDER_STREAMS, streams_line(summary, wide)), (ORDER_SPEC, schedule_line(summary, width)),
+        *((ORDER_MODE, view.line(summary, wide)) for view in MODE_VIEWS), (ORDER_SPEC, schedule_line(summary, width)),
         *((ORDER_TABLES + i, block) for i, block in enumerate(_table_blocks(summary, width, wide))),
         (ORDER_SPARKLINE, sparkline(summary, width)),
     ]
@@ -317,26 +331,20 @@ def render_line(summary: RunSummary | None) -> str:
     if summary is None:
         return "? phase=starting (nothing measured yet)"
     parts = [
-        summary.scenario,
-        f"phase={summary.phase or '-'}",
-        f"shaper={summary.shaper or '-'}",
-        f"dilation={summary.dilation.factor if summary.dilation else 1:g}",
-        f"stages={summary.stages}",
-        f"T_ring={summary.t_ring_s * 1e3:.1f}ms",
-        f"C={_fmt(_ms(summary.compute_s), '.1f', '-')}ms",
-        f"laps={summary.laps}",
-        f"tokens={summary.tokens}",
-        f"wall={summary.wall_s:.1f}s",
+        summary.scenario, f"phase={summary.phase or '-'}", f"shaper={summary.shaper or '-'}",
+        f"dilation={summary.dilation.factor if summary.dilation else 1:g}", f"stages={summary.stages}",
+        f"T_ring={summary.t_ring_s * 1e3:.1f}ms", f"C={_fmt(_ms(summary.compute_s), '.1f', '-')}ms",
+        f"laps={summary.laps}", f"tokens={summary.tokens}", f"wall={summary.wall_s:.1f}s",
         f"rate={_fmt(summary.measured_tok_s, '.2f', '-')}tok/s",
-        f"predicted={_fmt(summary.predicted_tok_s, '.2f', '-')}tok/s",
-        f"error={_fmt(summary.error_pct, '+.1f', '-')}%",
+        f"predicted={_fmt(summary.predicted_tok_s, '.2f', '-')}tok/s", f"error={_fmt(summary.error_pct, '+.1f', '-')}%",
     ]
     if summary.spec is not None:
         spec = summary.spec
         parts += [f"K={spec.k:g}", f"alpha={spec.alpha:.2f}",
                   f"gamma={spec.gamma_measured:.2f}/{spec.gamma_predicted:.2f}",
                   f"wall_predicted={spec.plain_predicted_tok_s:.2f}tok/s"]
-    parts += streams_parts(summary)
+    for view in MODE_VIEWS:
+        parts += view.parts(summary)
     return " ".join(parts)
 
 
@@ -355,8 +363,8 @@ def render_summary(summaries: Sequence[RunSummary]) -> RenderableType:
     """Measured vs predicted, one row per run summary (e.g. the plain and the speculative phase).
 
     For a speculative run the summary's prediction is r_spec = Gamma / (K c_d + C + T_ring), not the wall; for
-    M streams it is the aggregate (physics.streams_rates), and a second table below gives each streams run's
-    per-stream rates, ceiling and busiest stage.
+    M streams it is the aggregate (physics.streams_rates); each mode's own table follows (MODE_VIEWS: the streams
+    runs' per-stream rates, ceiling and busiest stage; the serve runs' figures under vLLM's names).
     """
     any_spec = any(s.spec is not None for s in summaries)
     shapers = sorted({s.shaper for s in summaries if s.shaper})
@@ -386,5 +394,5 @@ def render_summary(summaries: Sequence[RunSummary]) -> RenderableType:
             row += ([f"{spec.k:g}", f"{spec.alpha:.2f}", f"{spec.gamma_measured:.2f}", f"{spec.gamma_predicted:.2f}"]
                     if spec is not None else [DASH] * 4)
         table.add_row(*row)
-    streams = streams_table(summaries)
-    return table if streams is None else Group(table, Text(), streams)
+    below = [part for view in MODE_VIEWS if (part := view.table(summaries)) is not None]
+    return Group(table, *(item for part in below for item in (Text(), part))) if below else table

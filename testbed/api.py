@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from testbed.scenario.config import Scenario
 
 __all__ = ["run", "sweep", "study",
-           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "faults", "whatif", "reproduce", "bench"]
+           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "faults", "whatif", "reproduce", "bench",
+           "serve"]
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
@@ -143,6 +144,24 @@ def faults(scenario_name: str | None = None, **options: Any) -> Any:
     """Jitter and loss on every link: mean and p99 lap measured vs the model, and the output against the clean run
     (`python -m testbed faults`)."""
     return study("faults", scenario_name, **options)
+
+
+def serve(scenario_name: str | None = None, **options: Any) -> Any:
+    """Serving under open-loop traffic (`python -m testbed serve`): the scenario (default geo-ring) served at each
+    request rate, p50 / p99 TTFT, TPOT and E2EL, throughput, goodput and SLO attainment measured beside the queueing
+    model's prediction and its error; on virtual time unless `shaper` says otherwise. Returns the ServeResult
+    (testbed.studies.serve.result: a row per rate with its request records; testbed.studies.serve.measure.
+    write_outputs writes the command's files).
+
+        >>> result = testbed.serve(rates=[0.5, 1], requests=20, goodput="ttft:1000 tpot:400")
+        >>> [(row.rate_req_s, row.measured.median_tpot_ms, row.predicted.median_tpot_ms) for row in result.serve_rows]
+
+    `search=True` finds the highest rate whose attainment is at least `attainment` (90%) for the `goodput` targets;
+    `compare=True` adds issue 54's comparisons (geo vs co-located ring, placement, speculation). The workload's
+    keywords mirror [workload]: arrival, burstiness, requests or duration, prompt_tokens, output_tokens,
+    max_concurrency, seed, streams (the cap).
+    """
+    return study("serve", scenario_name, **options)
 
 
 def whatif(**options: Any) -> Any:

@@ -4,6 +4,7 @@ layer over testbed.api."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -138,6 +139,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for phase in phases:
         if phase not in MODES:
             raise ConfigError(f"expected phases from {', '.join(MODES)}, got {phase!r}", key="--phases")
+    if args.http:
+        endpoint_overrides(args)
     scenarios = [scenario_from_args(args, [f"decode.mode={phase}"] if phase else []) for phase in phases or [None]]
     # No ensure_models here: it imports torch, ~1.5 s this process does not need; the launcher trains (or its fork
     # server does) if the recipe changed, and says so.
@@ -154,6 +157,30 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             write_json(target, summary)
             console.print(f"JSON summary: {target}")
     return 0
+
+
+HTTP_STREAMS = 16  # the ring's cap on requests in flight behind --http, unless decode.streams is set
+
+
+def endpoint_overrides(args: argparse.Namespace) -> None:
+    """--http [HOST:]PORT and --api-key: the serve mode with its OpenAI-compatible endpoint ([endpoint]), in real
+    time (D = 1: its clients live on the box's clock), serving the endpoint's requests only unless [workload] is set."""
+    host, _, port = args.http.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65_536:
+        raise ConfigError(f"expected [HOST:]PORT with a port in 1-65535, got {args.http!r}", key="--http")
+    if args.shaper == "virtual":
+        raise ConfigError("the endpoint's clients live in real time: use a real-time backend (relay, userspace, "
+                          "netem), not virtual", key="--http")
+    given = {override.partition("=")[0].strip() for override in args.overrides}
+    extra = [f"endpoint.port={int(port)}", f"endpoint.host={json.dumps(host.strip('[]') or '127.0.0.1')}"]
+    extra += [f"endpoint.api_key={json.dumps(args.api_key)}"] if args.api_key else []
+    extra += ["decode.mode=\"serve\""] if "decode.mode" not in given else []
+    extra += [f"decode.streams={HTTP_STREAMS}"] if "decode.streams" not in given else []
+    if not any(key.startswith("workload.") for key in given):
+        extra.append("workload.requests=0")
+    args.overrides = list(args.overrides) + extra
+    if args.dilation == "auto":
+        args.dilation = 1.0
 
 
 def write_json(path: Path, summary: RunSummary) -> None:
@@ -221,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(JSON files get the mode as a suffix)")
     run.add_argument("--no-dashboard", action="store_true", help="no live dashboard, only the final summary")
     run.add_argument("--verbose", action="store_true", help="echo the agents' logs")
+    run.add_argument("--http", metavar="[HOST:]PORT",
+                     help="serve an OpenAI-compatible endpoint on the entry (/v1/completions, /v1/chat/completions, "
+                          "/v1/models; host 127.0.0.1 unless given): the serve mode, at D = 1, until Ctrl-C or "
+                          f"endpoint.serve_s (decode.streams {HTTP_STREAMS} unless set)")
+    run.add_argument("--api-key", help="with --http: every request needs `Authorization: Bearer KEY` (401 without)")
     run.add_argument("--lap-log", help="stream every lap record here as JSON lines (the run keeps only the last "
                                        "laps in memory; phases share the file, each record names its mode)")
     add_trace_option(run)

@@ -25,7 +25,9 @@ FLOORS = (
     (6, ("testbed/report",)),  # reads every study's report part
     (7, ("testbed/hosts", "testbed")),  # the top: api, cli, node and the several-host run
 )
-GROUND_ROLES = ("facts", "settings")  # a mode's modules its card imports (agents/modes/<mode>/<role>.py)
+# a mode's modules with a floor of their own (testbed.core.decode.ROLES); every other module of its folder (facts,
+# settings, and what they use: the serve mode's requests, workload, slo, queueing, endpoint) is on the ground floor
+RAISED_ROLES = ("runner", "summary", "metrics")
 SIDEWAYS_FORBIDDEN = {("agents", "netem"), ("netem", "agents")}  # the two halves of floor 1 do not know each other
 
 
@@ -35,7 +37,7 @@ def folder_of(module: str) -> str:
     parts = module.split(".")
     if parts[:2] == ["agents", "modes"]:
         role = parts[3] if len(parts) > 3 else "facts"
-        return "agents/modes" if role in GROUND_ROLES else f"agents/modes/*/{role}"
+        return f"agents/modes/*/{role}" if role in RAISED_ROLES else "agents/modes"
     if parts[0] == "testbed" and len(parts) > 1 and (ROOT / "testbed" / parts[1]).is_dir():
         return f"testbed/{parts[1]}"
     return parts[0]
@@ -163,8 +165,8 @@ def test_every_folder_has_a_floor():
 
 
 def test_a_decode_mode_is_a_folder_of_known_roles():
-    """Every mode of the registry is a folder agents/modes/<name>/ with its card; its other files are the roles
-    ModeInfo.part knows (and facts), each on its floor; a file of another name has no floor."""
+    """Every mode of the registry is a folder agents/modes/<name>/ with its card; its files of the roles ModeInfo.part
+    knows sit on their floors, and every other file (facts, settings, a module they use) on the ground floor."""
     from agents.modes import MODES
     from testbed.core.decode import ROLES
 
@@ -177,7 +179,7 @@ def test_a_decode_mode_is_a_folder_of_known_roles():
         assert has_summary == (info.summary_field is not None), f"{name}: summary.py needs card.summary"
     assert layer_of("agents.modes.tree") == layer_of("agents.modes.tree.facts") == 0
     assert (layer_of("agents.modes.tree.runner"), layer_of("agents.modes.tree.summary")) == (1, 3)
-    assert folder_of("agents.modes.tree.helpers") not in {f for _, names in FLOORS for f in names}
+    assert folder_of("agents.modes.serve.workload") == folder_of("agents.modes.tree.helpers") == "agents/modes"
 
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):

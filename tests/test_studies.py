@@ -112,6 +112,7 @@ def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_
     """What `make report` does: every JSON in results/ (a file per study, as each command writes it; the run
     summaries and the sweep's list of them too) -> one report with every study's section and every figure."""
     from tests.test_report import DATA, codec_rows, dsd_result, place_result, tp_result, tree_result
+    from tests.test_serve_study import small_serve_result
 
     results = tmp_path / "results"
     results.mkdir()
@@ -120,7 +121,7 @@ def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_
         (results / name).write_text((DATA / name).read_text(encoding="utf-8"), encoding="utf-8")
     written = {"place": place_result(), "tp": tp_result(), "tree": tree_result(), "dsd": dsd_result(),
                "whatif": testbed.whatif(model="llama-3.1-8b", hardware="h100-sxm", regions="ireland,virginia"),
-               "reproduce": testbed.reproduce()}
+               "serve": small_serve_result(), "reproduce": testbed.reproduce()}
     for name, result in written.items():
         (results / f"{name}.json").write_text(result.to_json(), encoding="utf-8")
     (results / "codecs.json").write_text(json.dumps([row.to_dict() for row in codec_rows()]), encoding="utf-8")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from agents.modes import dsd, plain, speculative, streams, tp, tree
+from agents.modes import dsd, plain, serve, speculative, streams, tp, tree
 from testbed.core.decode import DecodeConfig, ModeInfo
 from testbed.core.settings import ModeSettings
 
@@ -19,6 +19,7 @@ MODES: dict[str, ModeInfo] = {mode.INFO.name: mode.INFO for mode in (
     tree,
     dsd,
     tp,
+    serve,
 )}
 
 
@@ -39,13 +40,14 @@ def parts(role: str) -> list:
 
 def mode_settings() -> tuple[type[ModeSettings], ...]:
     """Every registered mode's settings classes (ModeInfo.settings), once each, in registry order; two that claim
-    one [decode] key, or a key of DecodeConfig's own, are an error."""
+    one key of a table ([decode], or a mode's own table: ModeSettings.TABLE), or a [decode] key of DecodeConfig's
+    own, are an error."""
     classes = tuple(dict.fromkeys(cls for info in MODES.values() for cls in info.settings))
-    owner = {f.name: DecodeConfig.__name__ for f in fields(DecodeConfig)}
+    owner = {("decode", f.name): DecodeConfig.__name__ for f in fields(DecodeConfig)}
     for cls in classes:
         for f in fields(cls):
-            if owner.setdefault(f.name, cls.__name__) != cls.__name__:
-                raise ValueError(f"decode.{f.name} is claimed by {cls.__name__} and {owner[f.name]}")
+            if owner.setdefault((cls.TABLE, f.name), cls.__name__) != cls.__name__:
+                raise ValueError(f"{cls.TABLE}.{f.name} is claimed by {cls.__name__} and {owner[cls.TABLE, f.name]}")
     return classes
 
 

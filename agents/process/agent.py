@@ -13,6 +13,7 @@ Agent -> launcher, JSON lines on the control fd:
         BATCH frame's streams: the record's, with each one's lap, stream and ids (RingClient.report_laps)
     {"event": "usage", "wall_s": W, "cpu_s": S, "max_rss_mb": M}   CPU and memory over the run, before done/finished
     {"event": "finished"}   a middle stage passed the entry's SHUTDOWN on: its exit from here on is normal
+    {"event": "notice", "message": ...}   what the user must read (the serve mode's endpoint address): the launcher logs it
 stdin closing means the launcher is gone or done: the agent exits.
 """
 

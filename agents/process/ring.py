@@ -208,9 +208,10 @@ class RingClient:
         except trio.WouldBlock:
             return None
 
-    async def receive_burst(self) -> list[tuple[wire.Frame, float]]:
-        """Every frame queued now, and the rest of any burst among them that is still in flight (continuous batching)."""
-        items = [await self.receive()]
+    async def receive_burst(self, idle: bool = False) -> list[tuple[wire.Frame, float]]:
+        """Every frame queued now, and the rest of any burst among them that is still in flight (continuous batching).
+        `idle`: the first may be long in coming (a middle stage between requests: the entry times the laps)."""
+        items = [await self.inbox.receive() if idle else await self.receive()]
         while True:
             while (item := self.receive_now()) is not None:
                 items.append(item)
@@ -241,7 +242,7 @@ class RingClient:
         bursts) runs as one batched forward pass, then moves on as one burst."""
         self.admission.serving = True
         while True:
-            items = await self.receive_burst() if self.batching == "continuous" else [await self.inbox.receive()]
+            items = await self.receive_burst(idle=True) if self.batching == "continuous" else [await self.inbox.receive()]
             for group in batches(items):
                 frame, recv = group[0]
                 if frame.kind == wire.Kind.TREE:  # the next block of this stream is a token tree

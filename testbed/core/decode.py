@@ -55,10 +55,20 @@ class DecodeConfig(JsonRecord):
         return dataclasses.replace(self, mode_settings=others + (changed,))
 
     def to_section(self) -> dict:
-        """The [decode] table, flat as a user writes it: its own keys and every mode's settings' (to_dict's values)."""
+        """The [decode] table, flat as a user writes it: its own keys and the keys of every mode's settings that live
+        there (to_dict's values); the settings with a table of their own are in tables()."""
         own = {key: value for key, value in self.to_dict().items() if key != "mode_settings"}
-        return own | {key: value for held in self.mode_settings for key, value in held.to_dict().items()
-                      if key != "settings"}
+        return own | {key: value for held in self.mode_settings if held.TABLE == "decode"
+                      for key, value in held.to_dict().items() if key != "settings"}
+
+    def tables(self) -> dict[str, dict]:
+        """The tables of the settings it holds that have one of their own ([workload], [endpoint]), as a user
+        writes them: with to_section, the whole of what the config holds."""
+        out: dict[str, dict] = {}
+        for held in self.mode_settings:
+            if held.TABLE != "decode":
+                out.setdefault(held.TABLE, {}).update({k: v for k, v in held.to_dict().items() if k != "settings"})
+        return out
 
     def time_scaled(self, factor: float) -> DecodeConfig:
         """Every duration `factor` times as long: draft_ms, and each mode's settings ending in "_ms"."""

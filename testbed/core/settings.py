@@ -1,4 +1,5 @@
-"""ModeSettings: the base of a decode mode's own [decode] keys (its folder's settings.py), each field with its rule."""
+"""ModeSettings: the base of a decode mode's own keys (its folder's settings.py: [decode], or a table of its own such
+as [workload]), each field with its rule."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from testbed.core.jsonrecord import JsonRecord, field_names, record_from_dict
 class Rule:
     """What a [decode] key of a mode's settings may hold, checked where a scenario is loaded
     (testbed.scenario.decode): a number in [low, high] (an integer if `integer`; one of `words` instead, as
-    decode.k = "auto"), one of `choices`, or (`listed`) an array of integers in [low, high]."""
+    decode.k = "auto"), one of `choices`, (`listed`) an array of integers in [low, high], or (`text`) any string (a
+    path: workload.trace)."""
 
     low: float | None = None
     high: float | None = None
@@ -21,6 +23,7 @@ class Rule:
     words: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     listed: bool = False
+    text: bool = False
 
 
 def between(low: float, high: float | None = None, *, integer: bool = False, words: tuple[str, ...] = ()) -> Rule:
@@ -35,13 +38,17 @@ def integers(low: int, high: int) -> Rule:
     return Rule(low=low, high=high, integer=True, listed=True)
 
 
+def text() -> Rule:
+    return Rule(text=True)
+
+
 def setting(default: Any, rule: Rule) -> Any:
     """A field of a mode's settings: its default (the one place it lives) and the rule its [decode] key obeys."""
     return dataclasses.field(default=default, metadata={"rule": rule})
 
 
 class SettingError(ValueError):
-    """A mode's own check (ModeSettings.check) refused its settings: `key` is the [decode] key to blame."""
+    """A mode's own check (ModeSettings.check) refused its settings: `key` is the key of its table to blame."""
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
@@ -50,14 +57,16 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class ModeSettings(JsonRecord):
-    """A decode mode's own [decode] keys, typed: a mode declares a frozen subclass in its folder (settings.py), every
-    field made with setting(default, rule), and names it on its card (ModeInfo.settings). The keys stay in [decode]
-    (`k = 4`, `tree_n = 16`); DecodeConfig carries one instance of every registered mode's settings, read with
+    """A decode mode's own keys, typed: a mode declares a frozen subclass in its folder (settings.py), every field
+    made with setting(default, rule), and names it on its card (ModeInfo.settings). The keys are in [decode]
+    (`k = 4`, `tree_n = 16`), or in the table its TABLE names (the serve mode's [workload]: `rate = 2.0`, named
+    workload.rate in errors); DecodeConfig carries one instance of every registered mode's settings, read with
     decode.settings(TheClass). A subclass registers by its class name, so DecodeConfig read back from JSON gets its
     settings back as that class (as LapFacts does). A field whose name ends in "_ms" is a duration: time dilation
-    and [scenario] scale multiply it."""
+    and [scenario] scale multiply it (a subclass whose durations are named otherwise overrides time_scaled)."""
 
     TYPES: ClassVar[dict[str, type[ModeSettings]]] = {}
+    TABLE: ClassVar[str] = "decode"  # the scenario's table its keys are in
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -65,6 +74,11 @@ class ModeSettings(JsonRecord):
 
     def check(self) -> None:
         """The mode's checks across its fields (each field's own rule is checked first): raise SettingError."""
+
+    def fixed_decode(self) -> dict[str, Any]:
+        """[decode] keys of DecodeConfig's own that its mode runs with only (the serve mode: batching =
+        "continuous"): set where the table leaves them out, an error naming the key where it says otherwise."""
+        return {}
 
     def cache_slots(self) -> int:
         """Cache slots its mode's stages keep beyond the positions (a token tree's nodes), where this is its mode's."""
@@ -91,7 +105,7 @@ class ModeSettings(JsonRecord):
 
 
 def rules(cls: type[ModeSettings]) -> dict[str, tuple[Any, Rule]]:
-    """Each [decode] key a settings class owns -> (its default, its rule)."""
+    """Each key a settings class owns (in its TABLE) -> (its default, its rule)."""
     out = {}
     for f in dataclasses.fields(cls):
         if "rule" not in f.metadata:

@@ -112,6 +112,9 @@ class NodeLauncher(Launcher):
     async def _run_agents(self, nursery: trio.Nursery, specs) -> None:
         sc, me = self.scenario, self.stage
         everyone = list(range(sc.n_agents))
+        # beating and watched from the start: a node that dies as the ring starts is named within HEARTBEAT_TIMEOUT_S
+        nursery.start_soon(self._heartbeat)
+        nursery.start_soon(self._watch, [s for s in everyone if s != me])
         self.runlog.phase = "starting agent"
         handle = await self._start_agent(nursery, specs[0])
         port = (await self._expect("listening", {me}, STARTUP_TIMEOUT_S))[me]["port"]
@@ -127,7 +130,6 @@ class NodeLauncher(Launcher):
             if self.nodes[s].digest != mine.digest:
                 raise TestbedError(f"{self.label(s)} runs another scenario (digest {self.nodes[s].digest}, here "
                                    f"{mine.digest}): give every node the same scenario and --set options")
-        nursery.start_soon(self._heartbeat)
         self.runlog.phase = "connecting"
         peers = await self.shaper.connect({s: (info.address, info.agent_port) for s, info in self.nodes.items()})
         out = {str(dst): list(address) for (src, dst), address in peers.items() if src == me}
@@ -137,7 +139,6 @@ class NodeLauncher(Launcher):
             await self._probe_successor()
         await self.store.set(f"ready/{me}", "1")
         await self.store.wait_for([f"ready/{s}" for s in everyone], READY_TIMEOUT_S, "ready nodes")
-        nursery.start_soon(self._watch, [s for s in everyone if s != me])
         if not self.is_entry:
             await self._command(handle, {"cmd": "run"})
             # no common clock: each node counts its links' schedule from its own start (within the store's latency)

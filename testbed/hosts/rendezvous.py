@@ -135,13 +135,14 @@ class Heartbeats:
         self.seen: dict[int, tuple[int, float]] = {stage: (-1, trio.current_time()) for stage in stages}
 
     async def stale(self, timeout_s: float) -> list[int]:
-        """Stages whose counter has not moved for `timeout_s` (reads every counter once)."""
+        """Stages whose counter has not moved for `timeout_s` since it first moved (reads every counter once); a
+        node that has not beaten yet is not stale (the start's own timeouts bound how long it may take)."""
         now = trio.current_time()
         out = []
         for stage, (count, since) in self.seen.items():
             value = await self.store.count(f"alive/{stage}")
             if value != count:
                 self.seen[stage] = (value, now)
-            elif now - since > timeout_s:
+            elif value > 0 and now - since > timeout_s:
                 out.append(stage)
         return out

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Callable
 
 import trio
@@ -24,7 +25,7 @@ from testbed.launch.agents import AgentHandle
 from testbed.launch.budget import run_budget
 from testbed.launch.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation, undilated_on_simulated_time
 from testbed.launch.runlog import RunLog
-from testbed.launch.summarize import self_check, summarize
+from testbed.launch.summarize import self_check, simulated_rate, summarize
 from testbed.scenario.config import Scenario
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
@@ -220,6 +221,8 @@ class Launcher:
                                  if kind == "laps" else [self._record(event)])
         elif kind == "probe":
             self.runlog.add_probe(self._record(event))
+        elif kind == "notice":  # what an agent's user must read (the serve mode's endpoint address)
+            self.log(str(event.get("message", "")))
         elif kind == "done":
             self.runlog.generated_tokens = int(event["tokens"])
             return True
@@ -240,16 +243,20 @@ class Launcher:
         """Start everything, run the scenario, tear everything down (on every exit path). Returns the summary.
 
         On a simulated backend (netem.virtual) the run happens on its own simulated clock (testbed.core.virtual_time),
-        in a worker thread: the caller's dashboard and exporter read the run log in real time meanwhile.
+        in a worker thread: the caller's dashboard and exporter read the run log in real time meanwhile; its end logs
+        the simulated tokens it made per wall second (summarize.simulated_rate).
         """
         await self._train_once()
-        if self.shaper.in_process:
-            from testbed.core import virtual_time
-
-            await virtual_time.run(self._run)
-        else:
+        if not self.shaper.in_process:
             await self._run()
-        return summarize(self.runlog)
+            return summarize(self.runlog)
+        from testbed.core import virtual_time
+
+        started = time.perf_counter()
+        await virtual_time.run(self._run)
+        summary = summarize(self.runlog)
+        self.log(simulated_rate(summary, time.perf_counter() - started))
+        return summary
 
     async def _train_once(self) -> None:
         """Train (only if the recipe changed since the weights shipped) once, not in every agent; in real time,

@@ -19,6 +19,7 @@ from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
 from testbed.deploy.catalog import ModelPreset
 from testbed.deploy.rules import apply_geometry, prompt_lap_s
 from testbed.scenario.decode import decode_from_dict, decode_keys, parse_k_range  # noqa: F401 - parse_k_range re-exported
+from testbed.scenario.decode import settings_tables, table_keys
 from testbed.scenario.model import BYTE_MODELS, check_models, model_name
 from testbed.scenario.network import NETWORK_KEYS, links_from_dict
 from testbed.scenario.placement import edge_links, placement_from_dict as _placement, spec_from_dict
@@ -109,8 +110,17 @@ class Scenario:
 
 # --- loading -----------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
+_OWN_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
              "parallel", "tp", "spec", "geometry", "hardware"}
+
+
+def top_keys() -> set[str]:
+    """The tables and keys a scenario may hold: its own, and the tables the registered modes' settings name
+    ([workload]: ModeSettings.TABLE), read when checked (a test may register a mode)."""
+    return _OWN_KEYS | settings_tables()
+
+
+_TOP_KEYS = top_keys()  # at import, with the registry's modes
 _TP_KEYS = {f.name for f in fields(TPConfig)}
 PARALLEL = ("pp", "tp")
 _WIRE_KEYS = {f.name for f in fields(WireConfig)} - {"width", "value_bytes", "extra_positions", "own_width",
@@ -200,7 +210,7 @@ def section(raw: dict, key: str, allowed: set[str], source: str) -> dict:
 def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     """Validate a raw TOML dict into a Scenario; every error names the source, the key and the expectation."""
     raw = copy.deepcopy(raw)
-    _check_keys(raw, _TOP_KEYS, source, "")
+    _check_keys(raw, top_keys(), source, "")
     name = _string(raw, "name", Path(source).stem if source.endswith(".toml") else "scenario", source, "")
     description = _string(raw, "description", "", source, "")
     model = model_name(raw.get("model", "target"), source, "model", BYTE_MODELS)
@@ -213,7 +223,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     links = links_from_dict(net, len(stages), regions, placed, placement.head, scale, source)
     seed = _number(net, "seed", 0, source, "network", integer=True)
     loss_rto_ms = _number(net, "loss_rto_ms", LOSS_RTO_MS, source, "network", minimum=1.0, maximum=60_000) * scale
-    decode = decode_from_dict(section(raw, "decode", decode_keys(), source), source, scale)
+    tables = {table: section(raw, table, table_keys(table), source) for table in sorted(settings_tables()) if table in raw}
+    decode = decode_from_dict(section(raw, "decode", decode_keys(), source), source, scale, tables)
     if len(stages) < MODES[decode.mode].min_stages:
         raise ConfigError(f"{decode.mode} decode needs a ring of at least {MODES[decode.mode].min_stages} stages",
                           source=source,

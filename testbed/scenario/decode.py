@@ -1,4 +1,5 @@
-"""[decode] of a scenario: DecodeConfig's keys checked by their rules here, each mode's own keys by its settings'."""
+"""[decode] of a scenario: DecodeConfig's keys checked by their rules here, each mode's own keys by its settings' (in
+[decode], or in the table its settings name: the serve mode's [workload])."""
 
 from __future__ import annotations
 
@@ -36,13 +37,30 @@ _DECODE_RULES: dict[str, tuple[str, tuple, bool]] = {
 
 
 def decode_keys() -> set[str]:
-    """Every key [decode] may hold: DecodeConfig's own and every registered mode's settings'."""
-    return set(_DECODE_RULES) | {f.name for cls in mode_settings() for f in fields(cls)}
+    """Every key [decode] may hold: DecodeConfig's own and every registered mode's settings' that live there."""
+    return set(_DECODE_RULES) | table_keys("decode")
 
 
-def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig:
+def settings_tables() -> set[str]:
+    """The scenario's tables the registered modes' settings name besides [decode] ([workload])."""
+    return {cls.TABLE for cls in mode_settings()} - {"decode"}
+
+
+def table_keys(table: str) -> set[str]:
+    """Every key of `table` that a registered mode's settings own."""
+    return {f.name for cls in mode_settings() if cls.TABLE == table for f in fields(cls)}
+
+
+def decode_from_dict(dec: dict, source: str, scale: float = 1.0, tables: dict[str, dict] | None = None
+                     ) -> DecodeConfig:
     """[decode] -> DecodeConfig: every field of the dataclass checked by its rule, defaults from the dataclass, and
-    every registered mode's settings from their own keys."""
+    every registered mode's settings from their own keys, in [decode] or in `tables` (its table's raw keys, by
+    name: {"workload": {...}}).
+
+    The settings of a table of its own are held where the table is given or the mode is theirs (elsewhere a
+    mode reads their defaults): a [decode] section written back from the config (to_section) then holds no key
+    of another table."""
+    tables = tables or {}
     values: dict[str, Any] = {}
     for f in fields(DecodeConfig):
         if f.name == "mode_settings":
@@ -71,39 +89,52 @@ def decode_from_dict(dec: dict, source: str, scale: float = 1.0) -> DecodeConfig
                               f"{' or '.join(map(repr, modes_with('streams_as') + ('streams',)))}", source=source,
                               key="decode.streams")
         values["mode"] = streams_as
-    held = tuple(settings_from_dict(cls, dec, source).time_scaled(scale) for cls in mode_settings())
+    own = MODES[values["mode"]].settings
+    held = tuple(settings_from_dict(cls, tables.get(cls.TABLE, {}) if cls.TABLE != "decode" else dec, source
+                                    ).time_scaled(scale) for cls in mode_settings()
+                 if cls.TABLE == "decode" or cls.TABLE in tables or cls in own)
+    for settings in held:
+        if type(settings) in own:
+            for key, value in settings.fixed_decode().items():
+                if key in dec and dec[key] != value:
+                    raise ConfigError(f"{values['mode']} decode runs with {key} = {value!r} only, got {dec[key]!r}",
+                                      source=source, key=f"decode.{key}")
+                values[key] = value
     return DecodeConfig(**values, mode_settings=held)
 
 
-def settings_from_dict(cls: type[ModeSettings], dec: dict, source: str) -> ModeSettings:
-    """A mode's settings from [decode]: each of its keys checked by its rule (its default where absent), then the
-    mode's own check across them (ModeSettings.check)."""
-    values = {name: _setting(dec, name, default, rule, source) for name, (default, rule) in rules(cls).items()}
+def settings_from_dict(cls: type[ModeSettings], table: dict, source: str) -> ModeSettings:
+    """A mode's settings from its table ([decode], or its TABLE's): each of its keys checked by its rule (its default
+    where absent), then the mode's own check across them (ModeSettings.check)."""
+    values = {name: _setting(table, name, default, rule, source, cls.TABLE)
+              for name, (default, rule) in rules(cls).items()}
     settings = cls(**values)
     try:
         settings.check()
     except SettingError as exc:
-        raise ConfigError(str(exc), source=source, key=f"decode.{exc.key}") from exc
+        raise ConfigError(str(exc), source=source, key=f"{cls.TABLE}.{exc.key}") from exc
     return settings
 
 
-def _setting(dec: dict, name: str, default: Any, rule: Rule, source: str) -> Any:
-    value = dec.get(name, default)
+def _setting(table: dict, name: str, default: Any, rule: Rule, source: str, where: str = "decode") -> Any:
+    value = table.get(name, default)
     if rule.listed:
-        return _int_list(value, source, (int(rule.low), int(rule.high)), name)
+        return _int_list(value, source, (int(rule.low), int(rule.high)), name, where)
     if rule.choices:
-        return _string(dec, name, default, source, "decode", rule.choices)
+        return _string(table, name, default, source, where, rule.choices)
+    if rule.text:
+        return _string(table, name, default, source, where)
     if isinstance(value, str) and value in rule.words:
         return value
-    return _number(dec, name, default, source, "decode", minimum=rule.low, maximum=rule.high, integer=rule.integer)
+    return _number(table, name, default, source, where, minimum=rule.low, maximum=rule.high, integer=rule.integer)
 
 
-def _int_list(value: Any, source: str, bounds: tuple[int, int], name: str) -> tuple[int, ...]:
+def _int_list(value: Any, source: str, bounds: tuple[int, int], name: str, where: str = "decode") -> tuple[int, ...]:
     low, high = bounds
     if not isinstance(value, list | tuple) or not all(
             isinstance(k, int) and not isinstance(k, bool) and low <= k <= high for k in value):
         raise ConfigError(f"expected an array of integers in [{low}, {high}], got {value!r}", source=source,
-                          key=f"decode.{name}")
+                          key=f"{where}.{name}")
     return tuple(value)
 
 

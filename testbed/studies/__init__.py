@@ -7,7 +7,7 @@ builds a command for each, the API (`testbed.<name>(...)`) runs each, and `testb
 
 from __future__ import annotations
 
-from testbed.studies import bench, codecs, dsd, faults, place, regimes, reproduce, sweep, tp, tree, whatif
+from testbed.studies import bench, codecs, dsd, faults, place, regimes, reproduce, serve, sweep, tp, tree, whatif
 from testbed.studies.base import Study
 
 # A new study is one folder plus one line here (the order is the CLI's and the report's).
@@ -21,6 +21,7 @@ STUDIES: dict[str, Study] = {study.name: study for study in (
     dsd.STUDY,
     faults.STUDY,
     whatif.STUDY,
+    serve.STUDY,
     reproduce.STUDY,
     bench.STUDY,
 )}

@@ -22,6 +22,7 @@ in that second step. Under time dilation every real forward pass is padded to D 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,13 +157,7 @@ class StreamsMode:
         items = await self.ring.receive_burst() if self.continuous else [await self.ring.receive()]
         arrivals = []
         for frame, recv in items:
-            if frame.kind == wire.Kind.BATCH:
-                rows = zip(frame.rows["stream"].tolist(), frame.rows["lap"].tolist())
-            elif frame.kind == wire.Kind.HIDDEN:
-                rows = ((frame.stream, frame.lap),)
-            else:
-                raise WireError(f"expected a lap of a stream in flight back, got a {frame.kind.name} frame")
-            for index, lap in rows:
+            for index, lap in lap_rows(frame, "a lap of a stream in flight"):
                 if not 0 <= index < len(self.streams) or lap != self.streams[index].lap:
                     raise WireError(f"expected a lap of a stream in flight back, got {frame.kind.name} stream "
                                     f"{index} lap {lap}")
@@ -191,6 +186,16 @@ class StreamsMode:
             in_flight -= self.finishing(arrivals)
             await self.step(arrivals)
         return sum(stream.generated for stream in self.streams)
+
+
+def lap_rows(frame: wire.Frame, what: str) -> Iterable[tuple[int, int]]:
+    """(stream, lap) of each sequence a frame back at the entry carries (a BATCH frame's rows each); a frame of
+    another kind is a WireError saying it expected `what`."""
+    if frame.kind == wire.Kind.BATCH:
+        return zip(frame.rows["stream"].tolist(), frame.rows["lap"].tolist())
+    if frame.kind == wire.Kind.HIDDEN:
+        return ((frame.stream, frame.lap),)
+    raise WireError(f"expected {what} back, got a {frame.kind.name} frame")
 
 
 def unique_frames(arrivals: list[Arrival]) -> list[tuple[wire.Frame, float]]:

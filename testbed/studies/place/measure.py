@@ -120,6 +120,7 @@ def reordered(scenario: Scenario, order: tuple[int, ...], label: str, head_regio
                        "one_way_ms": [list(row) for row in scenario.regions.one_way_ms]},
            "decode": {k: list(v) if isinstance(v, tuple) else v
                       for k, v in scenario.decode.to_section().items()},
+           **scenario.decode.tables(),  # a mode's own tables ([workload]: the served requests)
            "wire": {"codec": scenario.wire.codec, "block": scenario.wire.block},
            **({"geometry": geometry_table(scenario.geometry)} if scenario.geometry else {}),
            # already scaled figures, at scale 1; jitter, loss and rate as the scenario's first hop has them

@@ -1,0 +1,99 @@
+"""The launcher's side of the serve mode: the request records its laps carried -> ServeSummary (vLLM's figures of
+every request, agents.modes.serve.slo, beside the queueing model's prediction, agents.modes.serve.queueing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from agents.modes.serve.facts import ServeLap, ServeSummary
+from agents.modes.serve.queueing import RingModel, predict
+from agents.modes.serve.requests import RequestRecord, RequestSpec
+from agents.modes.serve.settings import ServeSettings
+from agents.modes.serve.slo import serving_metrics
+from agents.process import wire
+from testbed.core import physics
+from testbed.core.records import LapRecord
+from testbed.launch.dilation import hidden_bytes
+from testbed.scenario.config import Scenario
+
+
+def requests_of(laps: Iterable[LapRecord]) -> list[RequestRecord]:
+    """Every request record the laps carried, each once, in request order."""
+    by_index = {r.index: r for lap in laps if isinstance(lap.facts, ServeLap) for r in lap.facts.ended}
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def cap_of(scenario: Scenario) -> int:
+    settings = scenario.decode.settings(ServeSettings)
+    return min(scenario.decode.streams, settings.max_concurrency or scenario.decode.streams)
+
+
+def prefill_s(scenario: Scenario, prompt_tokens: int) -> float:
+    """Eq. 5 per hop (physics.ttft_hops): a prompt alone on the ring, from its admission to its first token. Each
+    stage's emulated pass over the prompt (StageConfig.cost_ms) and each hop's frame (header, the stamps so far,
+    the prompt's hidden state: an upper bound under a compressing codec) at the hop's rate."""
+    compute_s = sum(st.cost_ms(prompt_tokens, 1, prompt_tokens) for st in scenario.stages) / 1e3
+    ring = scenario.ring
+    payload = hidden_bytes(scenario, prompt_tokens)
+    sizes = [wire.HEADER.size + (i + 1) * wire.STAMP.size + payload for i in range(len(ring))]
+    return physics.ttft_hops(compute_s, [link.delay_ms / 1e3 for link in ring], sizes,
+                             [link.rate_bytes_s for link in ring])
+
+
+def ring_model(scenario: Scenario) -> RingModel:
+    """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt."""
+    return RingModel(compute_s=scenario.emulated_compute_s,
+                     per_token_s=sum(st.per_token_ms for st in scenario.stages) / 1e3,
+                     t_ring_s=scenario.t_ring_s, cap=cap_of(scenario),
+                     ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens))
+
+
+def describe(settings: ServeSettings, cap: int) -> str:
+    """The workload as a benchmark names it beside its figures (its endpoint's clients where it has none of its own)."""
+    if settings.arrival != "trace" and not settings.requests and not settings.duration_s:
+        return f"the HTTP endpoint's requests (no workload of its own), cap {cap}"
+    arrivals = (f"trace {settings.trace} (x{settings.trace_scale:g} in time)" if settings.arrival == "trace"
+                else f"{settings.arrival} {settings.rate:g} req/s"
+                + (f" burstiness {settings.burstiness:g}" if settings.arrival == "gamma" else ""))
+    def lengths(kind: str, tokens: int, spread: float) -> str:
+        return f"{kind} {tokens}" + (f"+-{spread:g}" if kind != "fixed" else "")
+    count = f"{settings.requests} requests" if settings.requests else f"{settings.duration_s:g} s of arrivals"
+    return (f"{arrivals}, prompt {lengths(settings.prompt, settings.prompt_tokens, settings.prompt_spread)}, "
+            f"output {lengths(settings.output, settings.output_tokens, settings.output_spread)}, {count}, "
+            f"seed {settings.seed}, cap {cap}")
+
+
+def summarize_records(records: Sequence[RequestRecord], scenario: Scenario, running: int = 0,
+                      waiting: int = 0) -> ServeSummary | None:
+    if not records:
+        return None
+    settings = scenario.decode.settings(ServeSettings)
+    measured = serving_metrics(records, settings.goodput_targets())
+    model = ring_model(scenario)
+    origin = min(r.arrival for r in records)
+    specs = [RequestSpec(r.index, r.arrival - origin, max(1, r.prompt_tokens), max(1, r.output_tokens))
+             for r in records if r.completed]
+    prediction = None
+    if specs:  # the requests as they ran: their arrivals (their own rate and burstiness), lengths clipped to the context
+        prediction = predict(model, specs)
+    mean_prompt = round(sum(r.prompt_tokens for r in records) / len(records))
+    return ServeSummary(
+        workload=describe(settings, model.cap), cap=model.cap, measured=measured,
+        wall_tpot_ms=model.lap_s(1) * 1e3, light_ttft_ms=prefill_s(scenario, max(1, mean_prompt)) * 1e3,
+        ceiling_tok_s=model.cap / model.lap_s(model.cap),
+        predicted=prediction,
+        records=tuple(records), running=running, waiting=waiting)
+
+
+def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> ServeSummary | None:
+    """From the laps the run log holds (a run its window holds whole)."""
+    latest = next((lap.facts for lap in reversed(laps) if isinstance(lap.facts, ServeLap)), ServeLap())
+    return summarize_records(requests_of(laps), scenario, latest.running, latest.waiting)
+
+
+def summarize_totals(log, scenario: Scenario) -> ServeSummary | None:
+    """A run longer than the run log's window: the records its metrics part kept from every lap."""
+    from agents.modes.serve.metrics import ServeRequests
+
+    part: ServeRequests = log.parts[ServeRequests.name]
+    return summarize_records([part.records[i] for i in sorted(part.records)], scenario, part.running, part.waiting)

@@ -1,0 +1,83 @@
+"""The serve study's comparisons (issue 54 item 7), a row each: the geo ring against the same ring co-located, the
+highest rate each serves within the SLO; regional-first placement (which does not exist: the row says so, and
+serves the place study's best ring order beside the scenario's own where the scenario has [regions]); speculation
+on vs off (the serve runner does not speculate yet: the row says so)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from agents.modes.serve.summary import ring_model
+from testbed.scenario.config import Scenario
+from testbed.studies.base import make_scenario
+from testbed.studies.serve.result import Comparison, ServeVariant
+from testbed.studies.serve.search import Server, knee_of, rounded, search
+
+PLACEMENT_LOAD = 0.75  # the placement row serves both orders at this fraction of the as-given ring's knee
+COLOCATED = "co-located (every hop 0 ms)"
+
+
+def colocated(scenario: Scenario) -> Scenario:
+    """The same ring with every hop's delay (and jitter) 0: the stages in one place (tp's scaled_links at 0)."""
+    from testbed.studies.tp.measure import scaled_links
+
+    return dataclasses.replace(scaled_links(scenario, 0.0), name=f"{scenario.name}-colocated")
+
+
+def variant_of(scenario: Scenario, label: str) -> ServeVariant:
+    model = ring_model(scenario)
+    return ServeVariant(label, scenario.t_ring_s, scenario.emulated_compute_s, knee_of(scenario),
+                        model.lap_s(1) * 1e3)
+
+
+async def compare_colocated(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
+    log("compare: geo ring vs the same ring co-located, the highest rate each serves within the SLO")
+    near = Server(colocated(geo.scenario), COLOCATED, args, target_pct, log)
+    variants = []
+    for server in (geo, near):
+        variant = variant_of(server.scenario, server.label)
+        found = await search(server, variant.knee_rate_req_s, target_pct)
+        variants.append(dataclasses.replace(variant, search=found,
+                                            rows=server.measured(r for r in server.rows)))
+
+    def highest(variant: ServeVariant) -> str:
+        found = variant.search
+        return ("none" if found.highest_met_req_s is None else
+                f"{'at least ' if found.lowest_missed_req_s is None else ''}{found.highest_met_req_s:.4g} req/s")
+
+    far, close = (v.search.highest_met_req_s for v in variants)
+    bound = "at least " if variants[1].search.lowest_missed_req_s is None else ""
+    ratio = f" ({bound}{close / far:.3g}x)" if far and close and variants[0].search.lowest_missed_req_s else ""
+    return Comparison("colocated", "geo ring vs co-located ring", f"the highest rate within the SLO: {geo.label} "
+                      f"{highest(variants[0])}, co-located {highest(variants[1])}{ratio}", tuple(variants))
+
+
+async def compare_placement(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
+    missing = ("no regional-first ordering exists in the testbed: [placement] places the LM head, the KV and the "
+               "draft (testbed/scenario/placement.py), and the place study orders the stages by T_ring (best, "
+               "worst)")
+    scenario = geo.scenario
+    if scenario.regions is None or any(st.region is None for st in scenario.stages) or scenario.stages[-1].is_head:
+        return Comparison("placement", "regional-first placement under load",
+                          missing + f"; {scenario.name} has no [regions] to order, so nothing was run")
+    from testbed.studies.place.measure import reordered, search as order_search
+
+    best_order = order_search(scenario)[0]
+    best = dataclasses.replace(reordered(make_scenario(args.scenario, overrides=list(args.overrides)), best_order,
+                                         "best"), decode=scenario.decode)
+    rate = rounded(PLACEMENT_LOAD * knee_of(scenario))
+    log(f"compare: the scenario's ring order vs the place study's best order at {rate:.4g} req/s")
+    variants = []
+    for server in (geo, Server(best, "best ring order (place)", args, target_pct, log)):
+        await server.row(rate)
+        variants.append(dataclasses.replace(variant_of(server.scenario, server.label), rows=server.measured([rate])))
+    return Comparison("placement", "regional-first placement under load",
+                      missing + f"; instead the place study's best order (min T_ring) beside the scenario's own at "
+                      f"{rate:.4g} req/s ({PLACEMENT_LOAD:g} x the knee)", tuple(variants))
+
+
+def speculation_row() -> Comparison:
+    return Comparison("speculation", "speculation on vs off across load",
+                      "not measured: the serve runner decodes every request plainly (agents/modes/serve/runner.py "
+                      "does not speculate yet), so there is no crossover rate to find")

@@ -1,0 +1,219 @@
+"""The serve mode on the virtual backend (exact): requests arrive, queue, are admitted up to the cap, and each
+request's record holds what the closed forms say.
+
+At a very low rate every request is alone on the ring: its TPOT is the wall C + T_ring and its TTFT Eq. 5. Under
+load the cap holds (never more than cap admitted, the rest wait FIFO), slots are reused by later requests (each
+slot's KV reset by the prefill at position 0), and every request's greedy tokens equal a solo greedy decode of its
+prompt. The same seed gives byte-identical records. [workload] is its own table; its errors name its keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agents.modes.serve.facts import ServeLap
+from agents.modes.serve.settings import ServeSettings
+from agents.zoo.prompts import synthetic
+from testbed.core.errors import ConfigError
+from testbed.launch.collector import RunCollector
+from testbed.launch.runlog import RunLog
+from testbed.scenario.config import load_scenario, scenario_from_dict
+from tests.ringutil import EXACT, run
+from tests.test_streams import greedy_reference
+
+HOPS_MS = [5.0, 5.0, 5.0]
+STAGE_MS = 10.0
+LAP_S = (3 * STAGE_MS + sum(HOPS_MS)) / 1e3  # C + T_ring = 45 ms
+
+
+def serve_scenario(streams: int = 2, hops_ms=tuple(HOPS_MS), **workload):
+    return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS} for i in range(3)],
+                               "network": {"hops_ms": list(hops_ms)},
+                               "decode": {"mode": "serve", "streams": streams},
+                               "workload": workload}, "<test>")
+
+
+def served(scenario):
+    """The run's summary and the request records its laps carried (each once)."""
+    log = RunLog(scenario)
+    summary = run(scenario, runlog=log)
+    records = [r for lap in log.laps if isinstance(lap.facts, ServeLap) for r in lap.facts.ended]
+    return summary, sorted(records, key=lambda r: r.index), log
+
+
+@pytest.fixture(scope="module")
+def light():
+    return served(serve_scenario(arrival="constant", rate=0.01, requests=3, prompt_tokens=16, output_tokens=5))
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """Six requests at 40 req/s on a cap of 2: they queue, and slots 0 and 1 serve three requests each."""
+    return served(serve_scenario(arrival="poisson", rate=40.0, requests=6, prompt_tokens=12, prompt="uniform",
+                                 prompt_spread=4, output_tokens=6, output="uniform", output_spread=3, seed=3))
+
+
+# --- settings ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workload, key", [
+    ({"rate": -1}, "workload.rate"),
+    ({"rate": 0}, "workload.rate"),
+    ({"arrival": "zipf"}, "workload.arrival"),
+    ({"goodput": "ttft:fast"}, "workload.goodput"),
+    ({"duration_s": 10.0}, "workload.requests"),  # both a count and a duration
+    ({"arrival": "trace"}, "workload.trace"),
+    ({"rates": 2}, "workload.rates"),
+])
+def test_a_bad_workload_names_its_key(workload, key):
+    with pytest.raises(ConfigError) as info:
+        serve_scenario(**workload)
+    assert info.value.key == key and info.value.source == "<test>"
+
+
+def test_the_workload_is_its_own_table_and_the_convoy_needs_continuous_batching():
+    with pytest.raises(ConfigError, match="decode.rate: unknown key"):
+        scenario_from_dict({"stages": [{"name": "a"}, {"name": "b"}], "network": {"hops_ms": [1, 1]},
+                            "decode": {"mode": "serve", "rate": 2.0}}, "<test>")
+    assert serve_scenario().decode.batching == "continuous"
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict({"stages": [{"name": "a"}, {"name": "b"}], "network": {"hops_ms": [1, 1]},
+                            "decode": {"mode": "serve", "batching": "none"}}, "<test>")
+    assert info.value.key == "decode.batching"
+    sc = load_scenario("geo-ring", ["decode.mode=serve", "workload.rate=2.5", "workload.goodput=ttft:500 tpot:80"])
+    assert sc.decode.settings(ServeSettings).rate == 2.5
+    # a scenario of another mode holds no [workload] keys in its [decode] section (to_section round trips)
+    assert "rate" not in load_scenario("geo-ring").decode.to_section()
+
+
+def test_time_dilation_stretches_the_arrivals_with_everything_else():
+    settings = serve_scenario(rate=4.0, requests=0, duration_s=10.0).decode.settings(ServeSettings)
+    dilated = settings.time_scaled(8.0)
+    assert (dilated.rate, dilated.duration_s, dilated.trace_scale) == (0.5, 80.0, 8.0)
+    plain, slow = settings.workload(), dilated.workload()
+    from agents.modes.serve.workload import generate
+
+    fast = generate(plain, max_prompt=255, max_output=128)
+    stretched = generate(slow, max_prompt=255, max_output=128)
+    assert len(fast) == len(stretched)
+    assert [8.0 * r.arrival_s for r in fast] == pytest.approx([r.arrival_s for r in stretched], rel=1e-12)
+    sc = serve_scenario(rate=4.0)
+    assert sc.dilated(3.0).decode.settings(ServeSettings).rate == pytest.approx(4.0 / 3.0)
+
+
+# --- rings -------------------------------------------------------------------------------------------------
+
+def test_alone_on_the_ring_a_request_decodes_at_the_wall_and_its_first_token_takes_eq5(light):
+    summary, records, _ = light
+    assert [r.index for r in records] == [0, 1, 2] and all(r.completed for r in records)
+    for r in records:
+        assert r.admitted == pytest.approx(r.arrival, abs=EXACT)  # nothing waits
+        assert r.first_token - r.arrival == pytest.approx(LAP_S, abs=EXACT)  # Eq. 5: C_prefill(16) + T_ring
+        for before, after in zip(r.token_times, r.token_times[1:]):
+            assert after - before == pytest.approx(LAP_S, abs=EXACT)
+        assert r.output_tokens == 5 and len(r.ids) == 5
+    part = summary.serve
+    assert part.wall_tpot_ms == pytest.approx(LAP_S * 1e3) and part.light_ttft_ms == pytest.approx(LAP_S * 1e3)
+    assert part.measured.median_tpot_ms == pytest.approx(part.wall_tpot_ms, abs=EXACT * 1e3)
+    assert part.measured.median_ttft_ms == pytest.approx(part.light_ttft_ms, abs=EXACT * 1e3)
+    assert part.predicted.median_ttft_ms == pytest.approx(part.measured.median_ttft_ms, abs=EXACT * 1e3)
+    assert summary.measured_tok_s == part.measured.output_throughput
+
+
+def test_the_cap_holds_and_the_queue_is_fifo(loaded):
+    _, records, log = loaded
+    assert [r.index for r in records] == list(range(6)) and all(r.completed for r in records)
+    admitted = sorted(records, key=lambda r: r.admitted)
+    assert [r.index for r in admitted] == list(range(6))  # first come, first admitted
+    for r in records:  # at any admission, fewer than the cap (2) others are admitted and not finished
+        others = [o for o in records if o is not r and o.admitted <= r.admitted < o.finished]
+        assert len(others) < 2
+    assert max(r.admitted - r.arrival for r in records) > LAP_S  # some waited for a slot
+    facts = [lap.facts for lap in log.laps if isinstance(lap.facts, ServeLap)]
+    assert max(f.running for f in facts) == 2 and max(f.waiting for f in facts) >= 1
+
+
+def test_slots_are_reused_and_every_request_decodes_what_the_model_alone_decodes(loaded):
+    _, records, log = loaded
+    slots = {lap.stream for lap in log.laps if lap.mode == "serve"}
+    assert slots == {0, 1}  # six requests through two KV caches a stage
+    for r in records:
+        prompt = synthetic(r.prompt_tokens, r.index)
+        assert list(r.ids) == greedy_reference(prompt, r.output_tokens), r.index
+
+
+def test_the_same_seed_gives_byte_identical_records(loaded):
+    again = served(serve_scenario(arrival="poisson", rate=40.0, requests=6, prompt_tokens=12, prompt="uniform",
+                                  prompt_spread=4, output_tokens=6, output="uniform", output_spread=3, seed=3))[1]
+    assert [r.to_json() for r in again] == [r.to_json() for r in loaded[1]]
+    other = served(serve_scenario(arrival="poisson", rate=40.0, requests=6, prompt_tokens=12, prompt="uniform",
+                                  prompt_spread=4, output_tokens=6, output="uniform", output_spread=3, seed=4))[1]
+    assert [r.arrival for r in other] != [r.arrival for r in again]
+
+
+def test_the_records_reach_prometheus_under_vllms_names(loaded):
+    summary, records, log = loaded
+    registry = CollectorRegistry()
+    registry.register(RunCollector(lambda: [log]))
+    labels = {"model_name": log.scenario.model}
+    assert registry.get_sample_value("vllm:request_success_total", labels | {"finished_reason": "length"}) == 6
+    assert registry.get_sample_value("vllm:generation_tokens_total", labels) == sum(r.output_tokens for r in records)
+    assert registry.get_sample_value("vllm:time_to_first_token_seconds_count", labels) == 6
+    ttft_sum = sum(r.first_token - r.arrival for r in records)
+    assert registry.get_sample_value("vllm:time_to_first_token_seconds_sum", labels) == pytest.approx(ttft_sum)
+    assert registry.get_sample_value("vllm:num_requests_running", labels) == 0
+    assert summary.serve.measured.completed == 6
+
+
+# --- the predictions: the streams ceiling at saturation, the queueing model below the knee ----------------------
+
+def test_at_saturation_a_full_convoy_laps_at_the_streams_ceiling():
+    """Twelve requests at once on a cap of 4 with per-token batch cost: every lap of a full convoy (4 running, the
+    queue not empty) takes sum_i [c_i + p_i (cap - 1)] + T_ring, so the ring makes cap tokens a lap: the streams
+    ceiling (physics.batching_ceiling with the hops), within 1e-6."""
+    scenario = scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS, "per_token_ms": 1.5}
+                                              for i in range(3)],
+                                   "network": {"hops_ms": HOPS_MS},
+                                   "decode": {"mode": "serve", "streams": 4},
+                                   "workload": {"arrival": "constant", "rate": 1e4, "requests": 12,
+                                                "prompt_tokens": 8, "output_tokens": 8}}, "<test>")
+    summary, records, log = served(scenario)
+    lap_s = 3 * (STAGE_MS + 1.5 * 3) / 1e3 + sum(HOPS_MS) / 1e3
+    assert summary.serve.ceiling_tok_s == pytest.approx(4 / lap_s, rel=1e-12)
+    full = {(lap.start, lap.end) for lap in log.laps if lap.kind == "decode" and lap.stamps[0].batch == 4}
+    assert len(full) >= 12, full  # most of the run: three waves of 7 laps, less the joins
+    for start, end in full:
+        assert 4 / (end - start) == pytest.approx(summary.serve.ceiling_tok_s, rel=1e-6)
+    assert len(records) == 12 and all(r.output_tokens == 8 for r in records)
+
+
+GEO_HOPS_MS = (130.0, 40.0, 110.0)  # geo-ring's: the network, not the stages, sets the lap (C = 30 ms, T_ring = 280)
+
+
+@pytest.mark.parametrize("share", [0.3, 0.6])
+def test_the_queueing_model_is_within_5_percent_of_the_virtual_run_below_the_knee(share):
+    """Poisson arrivals at 30% and 60% of the model's knee on a geo ring: its p50 TTFT and TPOT against the
+    run's (the model is given the run's own arrivals and lengths: summary.py). The model leaves out the entry's own
+    queue (arrivals wait for the step it is in): on a ring whose lap is mostly network that is a few ms a request."""
+    from agents.modes.serve.queueing import knee_rate
+    from agents.modes.serve.summary import ring_model
+
+    workload = {"prompt_tokens": 16, "output_tokens": 12, "requests": 60, "seed": 5}
+    knee = knee_rate(ring_model(serve_scenario(streams=16, hops_ms=GEO_HOPS_MS, **workload)), 16, 12)
+    summary, _, _ = served(serve_scenario(streams=16, hops_ms=GEO_HOPS_MS, rate=share * knee, **workload))
+    measured, predicted = summary.serve.measured, summary.serve.predicted
+    assert predicted.regime == "below the knee" and measured.completed == 60
+    for name in ("median_ttft_ms", "median_tpot_ms"):
+        assert getattr(predicted, name) == pytest.approx(getattr(measured, name), rel=0.05), name
+
+
+def test_an_idle_ring_between_requests_is_not_a_dead_one():
+    """Requests 5 s apart with a lap timeout of 1 s: the middle stages wait for work as long as it takes (the entry
+    times the laps in flight, and none is), so the run serves them all."""
+    scenario = scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS} for i in range(3)],
+                                   "network": {"hops_ms": HOPS_MS, "lap_timeout_s": 1.0},
+                                   "decode": {"mode": "serve", "streams": 2},
+                                   "workload": {"arrival": "constant", "rate": 0.2, "requests": 3,
+                                                "prompt_tokens": 8, "output_tokens": 3}}, "<test>")
+    summary, records, _ = served(scenario)
+    assert [r.output_tokens for r in records] == [3, 3, 3] and summary.serve.measured.completed == 3
