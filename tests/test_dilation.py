@@ -428,3 +428,14 @@ def test_a_study_row_shows_its_d_and_where_capped_the_error_left():
     free = choose(sc, Calibration(base_ms=(1.0,) * 3, overhead_ms=6.0, compute_s=0.033), budget_s=1e4)
     assert dilation_cell(**{"factor": free.factor, "capped_error_pct": dilation_of(
         dataclasses.replace(summary, dilation=free))["capped_error_pct"]}) == f"{free.factor:g}"
+
+
+def test_a_run_is_charged_the_entrys_own_box_time_where_it_reported_it():
+    """Many requests in flight (serve, streams) overlap their laps: the laps' summed time x D overcounts the run, so
+    the budget charges what the entry reported it spent (AgentUsage.box_wall_s of stage 0)."""
+    with study_budget(100.0) as budget:
+        plan_runs(2)
+        ran = SimpleNamespace(wall_s=40.0, ttft=None, dilation=SimpleNamespace(factor=4.0),
+                              agents=(SimpleNamespace(stage=1, box_wall_s=99.0), SimpleNamespace(stage=0, box_wall_s=12.5)))
+        run_budget(7.0, None)[2](ran)
+        assert budget.spent_s == 12.5 and run_budget(7.0, None)[0] == pytest.approx(87.5)

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.fidelity,
 
 def test_the_geo_ring_across_three_hosts_meets_the_wall(hosts, tmp_path):
     out = tmp_path / "geo.json"
-    codes, logs = run_all(hosts, tmp_path, "geo-ring", "--shape", "relay", "--json", str(out))
+    codes, logs = run_all(hosts, tmp_path, "geo-ring", "--shape", "relay", "--tokens", "24", "--json", str(out))
     assert codes == [0, 0, 0], "\n".join(logs)
     assert_nothing_left(hosts)
     s = RunSummary.from_json(out.read_text())
@@ -59,7 +59,9 @@ def test_unshaped_hosts_are_predicted_from_the_measured_network(hosts, tmp_path)
     s = RunSummary.from_json(out.read_text())
     hops = s.shaper_facts["hops"]
     assert [h["expected_ms"] for h in hops] == [130.0, 40.0, 110.0]  # the scenario's, reported as expected
-    assert all(h["mean_ms"] < 2.0 for h in hops), hops  # the bridge, not the geo ring
+    # the bridge, not the geo ring: its median well under a ms or two; a mean of a few laps may carry a late one
+    # (a box busy beside the run: seen 1.8 and 2.2 ms against p50s of 0.4-0.5), still far from 40-130 ms
+    assert all(h["p50_ms"] < 2.0 and h["mean_ms"] < 0.1 * h["expected_ms"] for h in hops), hops
     assert s.t_ring_s * 1e3 < 1.0  # the prediction's T_ring is the probes' (min RTT / 2 per hop)
     lap = 1 / s.measured_tok_s
     assert s.measured_tok_s == pytest.approx(physics.wall_rate(s.compute_s, s.t_ring_s),

@@ -217,3 +217,14 @@ def test_an_idle_ring_between_requests_is_not_a_dead_one():
                                                 "prompt_tokens": 8, "output_tokens": 3}}, "<test>")
     summary, records, _ = served(scenario)
     assert [r.output_tokens for r in records] == [3, 3, 3] and summary.serve.measured.completed == 3
+
+
+def test_auto_dilation_budgets_the_workloads_arrivals_not_decode_tokens():
+    """A serving run lasts its arrivals' span and the last request's prompt and laps, whatever decode.tokens says:
+    auto dilation's forecast (testbed.launch.dilation) is the mode's own (summary.run_forecast)."""
+    from testbed.launch.dilation import forecast
+
+    sc = serve_scenario(streams=4, arrival="constant", rate=2.0, requests=40, prompt_tokens=8, output_tokens=10)
+    run = forecast(sc, 0.0)
+    assert run.prefill_s == pytest.approx(LAP_S) and run.laps == 9
+    assert run.total_s == pytest.approx(40 / 2.0 + LAP_S + 9 * LAP_S)

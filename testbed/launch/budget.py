@@ -30,10 +30,13 @@ class StudyBudget:
         return max(MIN_SHARE_S, max(0.0, self.total_s - self.spent_s) / max(1, self.planned))
 
     def charge(self, summary: RunSummary) -> RunSummary:
-        """Count a finished run's dilated prefill and decode against the budget (what auto's forecast weighed)."""
+        """Count a finished run's dilated prefill and decode against the budget (what auto's forecast weighed): the
+        entry's own box time from its run command to its end where it reported it, else the prefill and the decode
+        laps' time x D (which overcounts a run of many requests in flight: their laps overlap)."""
         factor = summary.dilation.factor if summary.dilation is not None else 1.0
         prefill_s = summary.ttft.measured_s if summary.ttft is not None else 0.0
-        self.spent_s += (prefill_s + summary.wall_s) * factor
+        entry = next((agent.box_wall_s for agent in getattr(summary, "agents", ()) if agent.stage == 0), None)
+        self.spent_s += entry if entry is not None else (prefill_s + summary.wall_s) * factor
         self.runs += 1
         self.planned = max(0, self.planned - 1)
         return summary

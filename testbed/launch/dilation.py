@@ -173,6 +173,9 @@ def forecast(scenario: Scenario, compute_s: float) -> RunForecast:
     Eq. 5 per hop (physics.ttft_hops) with the stages' emulated cost of the whole prompt (StageConfig.cost_ms) and
     its hidden state (hidden_bytes), once per stream: a 1,024-token 700B-class prompt at 10 Mbit/s is 27 s a
     hop, so a run's prefill can outweigh its decode by far."""
+    own = getattr(MODES[scenario.decode.mode].part("summary"), "run_forecast", None)
+    if own is not None:  # a mode whose run is not its tokens' laps (serve: its workload's arrivals)
+        return RunForecast(*own(scenario, compute_s + lap_floor_s(scenario)))
     positions, streams = prompt_positions(scenario), max(1, scenario.decode.streams)
     prefill_compute_s = sum(st.cost_ms(positions, 1, positions) for st in scenario.stages) / 1e3
     ring = scenario.ring

@@ -10,6 +10,7 @@ from agents.modes.serve.queueing import RingModel, predict
 from agents.modes.serve.requests import RequestRecord, RequestSpec
 from agents.modes.serve.settings import ServeSettings
 from agents.modes.serve.slo import serving_metrics
+from agents.modes.serve.workload import read_trace
 from agents.process import wire
 from testbed.core import physics
 from testbed.core.records import LapRecord
@@ -38,6 +39,20 @@ def prefill_s(scenario: Scenario, prompt_tokens: int) -> float:
     sizes = [wire.HEADER.size + (i + 1) * wire.STAMP.size + payload for i in range(len(ring))]
     return physics.ttft_hops(compute_s, [link.delay_ms / 1e3 for link in ring], sizes,
                              [link.rate_bytes_s for link in ring])
+
+
+def run_forecast(scenario: Scenario, lap_s: float) -> tuple[float, float, int]:
+    """(prefill s, decode s, laps) of a serving run at D = 1, for auto dilation's budget (testbed.launch.dilation):
+    its arrivals' span, then the last request's prompt and output laps (lap_s: a lap at the calibrated compute)."""
+    settings = scenario.decode.settings(ServeSettings)
+    if settings.arrival == "trace":
+        trace = read_trace(settings.trace)
+        span = (trace[-1].arrival_s if trace else 0.0) * settings.trace_scale
+        span = min(span, settings.duration_s) if settings.duration_s else span
+    else:
+        span = settings.requests / settings.rate if settings.requests else settings.duration_s
+    laps = max(1, settings.output_tokens - 1)
+    return prefill_s(scenario, settings.prompt_tokens), span + laps * lap_s, laps
 
 
 def ring_model(scenario: Scenario) -> RingModel:
