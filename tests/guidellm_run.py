@@ -10,8 +10,8 @@ Nothing downloads: guidellm's synthetic data needs a Hugging Face tokenizer to c
 models are byte-level (agents.zoo.configs.BYTES: token id = UTF-8 byte), so the script writes one with the
 `tokenizers` package (a byte-level BPE with the 256 bytes and no merges: GPT-2's byte alphabet, each byte's id its
 value) into a temporary directory and passes its path; HF_HUB_OFFLINE, HF_DATASETS_OFFLINE and TRANSFORMERS_OFFLINE
-are set for guidellm. The endpoint has no GET /health (vLLM's), so guidellm's start-up check is off
-(validate_backend=false); http2=false: the endpoint speaks HTTP/1.1 without TLS.
+are set for guidellm. guidellm's start-up check (GET /health, which the endpoint answers as vLLM does) is left off
+(validate_backend=false: the run was measured so); http2=false: the endpoint speaks HTTP/1.1 without TLS.
 
     .venv/bin/python -m tests.guidellm_run                   # 0.5 req/s, 12 requests, prompt 64, output 32 tokens
     .venv/bin/python -m tests.guidellm_run --rate 1 --requests 30
