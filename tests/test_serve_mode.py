@@ -225,6 +225,6 @@ def test_auto_dilation_budgets_the_workloads_arrivals_not_decode_tokens():
     from testbed.launch.dilation import forecast
 
     sc = serve_scenario(streams=4, arrival="constant", rate=2.0, requests=40, prompt_tokens=8, output_tokens=10)
-    run = forecast(sc, 0.0)
+    run = forecast(sc, 3 * STAGE_MS / 1e3)  # a lap's compute beyond T_ring, as calibration measures it
     assert run.prefill_s == pytest.approx(LAP_S) and run.laps == 9
     assert run.total_s == pytest.approx(40 / 2.0 + LAP_S + 9 * LAP_S)
