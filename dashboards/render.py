@@ -12,6 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from dashboards.overlap import overlap_line, overlap_parts, overlap_table
 from dashboards.serve import serve_line, serve_parts, serve_table
 from dashboards.streams import streams_line, streams_parts, streams_table
 from dashboards.style import error_style as _error_style
@@ -41,7 +42,8 @@ class ModeView(NamedTuple):
 
 # One entry a mode with parts of its own; render, render_line and render_summary loop over them.
 MODE_VIEWS: Final = (ModeView(streams_line, streams_parts, streams_table),
-                     ModeView(serve_line, serve_parts, serve_table))
+                     ModeView(serve_line, serve_parts, serve_table),
+                     ModeView(overlap_line, overlap_parts, overlap_table))
 
 
 # ---------------------------------------------------------------- formatters

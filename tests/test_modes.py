@@ -84,7 +84,7 @@ def test_the_registry_line_says_where_the_head_may_sit_and_which_laps_are_decode
     from testbed.scenario.config import scenario_from_dict
     from testbed.core.lapstats import DECODE_KINDS
 
-    assert DECODE_KINDS == agents.modes.decode_lap_kinds() == ("decode", "spec", "tree")  # every mode's lap_kind
+    assert DECODE_KINDS == agents.modes.decode_lap_kinds() == ("decode", "overlap", "spec", "tree")  # every mode's lap_kind
     raw = {"stages": [{"name": f"s{i}"} for i in range(3)], "network": {"hops_ms": [1.0, 1.0, 1.0]},
            "decode": {"mode": "echo"}, "placement": {"head": "last"}}
     monkeypatch.setitem(agents.modes.MODES, "echo", ECHO)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from agents.modes import dsd, plain, serve, speculative, streams, tp, tree
+from agents.modes import dsd, overlap, plain, serve, speculative, streams, tp, tree
 from testbed.core.decode import DecodeConfig, ModeInfo
 from testbed.core.settings import ModeSettings
 
@@ -20,6 +20,7 @@ MODES: dict[str, ModeInfo] = {mode.INFO.name: mode.INFO for mode in (
     dsd,
     tp,
     serve,
+    overlap,
 )}
 
 

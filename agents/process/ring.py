@@ -328,37 +328,13 @@ class RingClient:
         Returns decide's result and the lap's record (tokens and ids are the mode's to fill in before `report`). Entry
         compute (front + head) is padded to its cost. A token tree (agents.modes.tree) gives its plan
         (PipelineStage.set_tree) and its nodes' positions; the plan travels ahead of the block."""
-        lap_no, self.lap_no = self.lap_no, self.lap_no + 1
-        start = self.clock.now()
-        if tree is not None:
-            self.stage.set_tree(tree, pos)
-        hidden = self.stage.embed_and_run(ids, pos, stream, positions=positions)
-        front_real_end = self.clock.now()
-        if self.n_stages > 1:
-            frame = wire.Frame(wire.Kind.HIDDEN, stream=stream, lap=lap_no, pos=pos, tensor=hidden)
-            kv = ([(wire.encode(wire.Frame(wire.Kind.TREE, pos=pos, tensor=tree)), 0)] if tree is not None else []
-                  ) + self.kv_frame(pos, len(ids), stream)
-            await self.send(self.stamped(frame, start, start, front_real_end, front_real_end, hidden,
-                                         extra_bytes=wire.parts_len(kv)), kv=kv)
-            back, return_recv = await self.receive()
-            if back.kind not in (wire.Kind.HIDDEN, wire.Kind.TOKEN) or back.lap != lap_no:
-                raise WireError(f"expected lap {lap_no} back, got {back.kind.name} lap {back.lap}")
-            stamps = back.stamps
-        else:
-            back = wire.Frame(wire.Kind.HIDDEN, tensor=hidden)
-            stamps = (Stamp(0, start, start, front_real_end, front_real_end, front_real_end),)
-            return_recv = front_real_end
-        head_start = self.clock.now()
-        result = self.head(back, decide)
-        head_real_end = self.clock.now()
-        front = front_real_end - start
-        real = front + head_real_end - head_start
-        cost = self.cost_s(len(ids), 1, pos)
-        await self.clock.sleep_until(max(head_real_end, head_start + max(cost, self.dilation * real) - front))
-        end = self.clock.now()
-        record = LapRecord(lap_no, kind, self.mode, len(ids), 0, start, end, stamps, return_recv,
-                           HeadTiming(head_start, head_real_end, end), stream=stream)
-        return result, record
+        from agents.process.lap import end_lap, lap_record, start_lap
+
+        pending = await start_lap(self, ids, pos, kind, tree, positions, stream)
+        back, return_recv = (await self.receive()) if self.n_stages > 1 else (None, 0.0)
+        result, ready_at = end_lap(self, pending, back, return_recv, decide)
+        await self.clock.sleep_until(ready_at)
+        return result, lap_record(self, pending, self.clock.now())
 
     async def prefill(self, ids: list[int], chunk: int, decide: Callable[[torch.Tensor], Any]) -> tuple[Any, LapRecord]:
         """Chunked prefill (as vLLM and Sarathi), pipelined over the ring: agents.process.prefill."""

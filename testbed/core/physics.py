@@ -54,6 +54,57 @@ def spec_rate(alpha: float, k: int, draft_s: float, compute_s: float, t_ring_s: 
     return gamma(alpha, k) / spec_round_s(k, draft_s, compute_s, t_ring_s)
 
 
+def overlap_step_s(k: int, draft_s: float) -> float:
+    """Overlapped speculation (agents.modes.overlap): the draft time between two rounds of a run, (K + 1) c_d (the
+    guess of the target's next token, then the next K drafts)."""
+    return (k + 1) * draft_s
+
+
+def overlap_run_s(n: int, k: int, draft_s: float, lap_s: float, window: int) -> float:
+    """A run of n overlapped rounds (verdict to verdict: every round a hit but the last), from the verdict that
+    starts it to its last round's verdict. L = C + T_ring is a round's lap, send to verdict; delta = (K + 1) c_d.
+
+    The first round leaves after K c_d; round j after max(its drafting, the verdict of round j - W) (at most W in
+    flight), which solves to send_j = q max(L, W delta) + m delta with j - 1 = q W + m. So the run lasts
+    K c_d + q max(L, W delta) + m delta + L for n - 1 = q W + m. Holds while every stage's work for a round is
+    under delta (no round waits at a stage behind another: OverlapSummary.queue_free).
+    """
+    if n < 1 or window < 1:
+        raise ValueError(f"a run has n >= 1 rounds and a window >= 1, got n={n}, window={window}")
+    step = overlap_step_s(k, draft_s)
+    q, m = divmod(n - 1, window)
+    return k * draft_s + q * max(lap_s, window * step) + m * step + lap_s
+
+
+def overlap_rate(gamma_k: float, hit: float, k: int, draft_s: float, compute_s: float, t_ring_s: float,
+                 window: int) -> float:
+    """Expected tok/s of overlapped speculation: Gamma / ((1 - h) E[run time]) for i.i.d. rounds of hit chance h.
+
+    A run's rounds N ~ Geometric (P(N = n) = h^(n-1) (1 - h)), so E[tokens of a run] = Gamma / (1 - h) (Wald) and,
+    from overlap_run_s with N - 1 = qW + m, E[q] = h^W / (1 - h^W), E[m] = h / (1 - h) - W h^W / (1 - h^W):
+        E[run] = K c_d + L + max(L, W delta) E[q] + delta E[m].
+    h = 0 is synchronous speculation, Gamma / (K c_d + C + T_ring); h -> 1 the window's or the draft's pace,
+    Gamma W / max(L, W delta).
+    """
+    if not 0.0 <= hit <= 1.0:
+        raise ValueError(f"a hit chance is in [0, 1], got {hit}")
+    lap = compute_s + t_ring_s
+    step = overlap_step_s(k, draft_s)
+    if hit >= 1.0:
+        return gamma_k * window / max(lap, window * step)
+    hw = hit ** window
+    runs_q = hw / (1 - hw)
+    runs_m = hit / (1 - hit) - window * runs_q
+    run = k * draft_s + lap + max(lap, window * step) * runs_q + step * runs_m
+    return gamma_k / ((1 - hit) * run)
+
+
+def overlap_bound(gamma_k: float, hit: float, k: int, draft_s: float, compute_s: float, t_ring_s: float) -> float:
+    """overlap_rate as the window grows without end: Gamma / ((1 - h)(K c_d + C + T_ring) + h (K + 1) c_d). Every
+    miss still costs a whole synchronous round; only the hits' rounds shrink to the draft's pace."""
+    return gamma_k / ((1 - hit) * spec_round_s(k, draft_s, compute_s, t_ring_s) + hit * overlap_step_s(k, draft_s))
+
+
 def best_k(alpha: float, draft_s: float, compute_s: float, t_ring_s: float, k_max: int = 64) -> tuple[int, float]:
     """K* maximizing r_spec over 1..k_max, with its rate (ties go to the smaller K)."""
     best = max(range(1, k_max + 1), key=lambda k: (spec_rate(alpha, k, draft_s, compute_s, t_ring_s), -k))

@@ -137,6 +137,21 @@ class Drafter:
         self.fed.extend(block)
         return logits
 
+    def step(self, context: list[int], purpose: int = PositionRandom.DRAFT) -> tuple[int, torch.Tensor, float]:
+        """One draft pass: the token drawn after `context` (with that position's `purpose` draw), its q row, and the
+        pass's real time (the caller holds held_s of it)."""
+        start = self.clock.now()
+        logits = self._next_distribution(context)
+        if self.kind == "calibrated":
+            q, _eps = calibrated_q(probabilities(logits, self.temperature), self.alpha)
+        else:
+            q = probabilities(logits, self.temperature)
+        return sample(q, self.rand.generator(len(context), purpose)), q, self.clock.now() - start
+
+    def held_s(self, real_s: float) -> float:
+        """What a pass that took `real_s` lasts: the emulated c_d, or D times its real time if longer."""
+        return max(self.draft_s, self.dilation * real_s)
+
     async def propose(self, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor], float, float]:
         """K drafts and their q rows; also the draft time (with emulation) and the real compute time.
 
@@ -148,16 +163,9 @@ class Drafter:
         start = clock.now()
         context = list(sequence)
         for _ in range(k):
-            step = clock.now()
-            logits = self._next_distribution(context)
-            if self.kind == "calibrated":
-                q, _eps = calibrated_q(probabilities(logits, self.temperature), self.alpha)
-            else:
-                q = probabilities(logits, self.temperature)
-            x = sample(q, self.rand.generator(len(context), PositionRandom.DRAFT))
-            took = clock.now() - step
+            x, q, took = self.step(context)
             real += took
-            held += max(self.draft_s, self.dilation * took)
+            held += self.held_s(took)
             drafts.append(x)
             qs.append(q)
             context.append(x)
@@ -235,7 +243,31 @@ def k_schedule(config: DecodeConfig) -> Callable[[int, KChooser], int | None]:
     return lambda _round_no, chooser: chooser.next_k()
 
 
-class SpeculativeMode:
+class Sequenced:
+    """A speculating entry's sequence: `sequence` (context[i] is position i's token), `rand`, `ring`, `config` and
+    `generated` are the mode's; a prefill lap starts a sequence."""
+
+    config: DecodeConfig
+    ring: RingClient
+    rand: PositionRandom
+    sequence: list[int]
+    generated: int
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        return sample(probabilities(logits[-1], self.config.temperature),
+                      self.rand.generator(len(self.sequence), PositionRandom.RESIDUAL))
+
+    async def restart(self, ids: list[int], origin: int) -> None:
+        """Start a sequence (a prefill lap): at the beginning, when the context fills, and at each K of a sweep."""
+        self.rand.origin = origin
+        self.sequence = list(ids)
+        token, record = await self.ring.lap(self.sequence, 0, "prefill", self.first_token)
+        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
+        self.sequence.append(token)
+        self.generated += 1
+
+
+class SpeculativeMode(Sequenced):
     """The entry node's decode loop with speculation; lap records carry the per-round figures (SpecRound facts).
 
     Ends after config.tokens tokens and at least config.min_rounds rounds, or, for a K sweep, after the last K's
@@ -255,19 +287,6 @@ class SpeculativeMode:
         self.chooser = KChooser(None if own.k == "auto" else int(own.k), own.k_max)
         self.sequence: list[int] = []
         self.generated = 0
-
-    def first_token(self, logits: torch.Tensor) -> int:
-        return sample(probabilities(logits[-1], self.config.temperature),
-                      self.rand.generator(len(self.sequence), PositionRandom.RESIDUAL))
-
-    async def restart(self, ids: list[int], origin: int) -> None:
-        """Start a sequence (a prefill lap): at the beginning, when the context fills, and at each K of a sweep."""
-        self.rand.origin = origin
-        self.sequence = list(ids)
-        token, record = await self.ring.lap(self.sequence, 0, "prefill", self.first_token)
-        self.ring.report(dataclasses.replace(record, tokens=1, ids=(token,)))
-        self.sequence.append(token)
-        self.generated += 1
 
     async def round(self, k: int) -> None:
         """Draft K tokens, verify them in one lap, report the round."""
