@@ -10,6 +10,7 @@ import pytest
 
 from testbed.core import physics
 from testbed.core.errors import ConfigError
+from testbed.scenario.config import builtin_names, load_scenario
 from tests.ringutil import EXACT, ring_scenario, run
 
 GEO_MS = [130.0, 40.0, 110.0]  # the geo ring: T_ring 280 ms, C 33 ms
@@ -119,3 +120,15 @@ def test_a_full_context_restarts_where_synchronous_speculation_does():
 def test_bad_overlap_settings_name_the_key(decode, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         ring_scenario(GEO_MS, mode="overlap", **decode)
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_greedy_overlap_is_plain_greedy_on_every_shipped_scenario(name):
+    """Tokens do not depend on timing: every shipped scenario's model and prompt, greedy (edge-cloud's draft back on
+    the entry: overlap drafts there)."""
+    common = ["decode.temperature=0", "decode.tokens=24", "decode.min_rounds=0", 'spec.placement="colocated"']
+    plain = run(load_scenario(name, ["decode.mode=plain", *common]))
+    s = run(load_scenario(name, ["decode.mode=overlap", "decode.k=4", "decode.window=2", *common]))
+    assert s.overlap.rounds > 1 and s.overlap.hits > 0 and s.overlap.queue_free
+    assert s.token_ids[:24] == plain.token_ids[:24]
+    assert s.overlap.measured_tok_s == pytest.approx(s.overlap.predicted_tok_s, rel=EXACT)

@@ -153,25 +153,31 @@ class OverlapMode(Sequenced):
             frame, recv = await self.ring.inbox.receive()
             await self.events_in.send(("frame", -1, (frame, recv)))
 
-    async def send_ready(self) -> None:
+    async def send_ready(self, nursery: trio.Nursery) -> None:
         while self.ready and len(self.inflight) < self.window:
             r = self.ready.popleft()
             r.sent_at = self.ring.clock.now()
             r.pending = await start_lap(self.ring, r.block, r.pos, "overlap")
             r.in_flight = len(self.inflight) + 1
             self.inflight.append(r)
-            self.by_lap[r.pending.lap_no] = r
+            if self.ring.n_stages == 1:  # nothing leaves: the entry verifies it at once
+                self.verify(nursery, r, None, r.sent_at)
+            else:
+                self.by_lap[r.pending.lap_no] = r
 
     async def verdict_at(self, at: float, r: Round, result) -> None:
         await self.ring.clock.sleep_until(at)
         await self.events_in.send(("verdict", r.branch, (r, result)))
 
     def head(self, nursery: trio.Nursery, frame: wire.Frame, recv: float) -> None:
-        """A frame back: a live round's goes through the head (its verdict due when the entry's compute ends); a
-        dropped round's is let go."""
+        """A frame back: a live round's goes through the head; a dropped round's is let go."""
         r = self.by_lap.pop(frame.lap, None)
-        if r is None or r.branch != self.branch.number:
-            return
+        if r is not None and r.branch == self.branch.number:
+            self.verify(nursery, r, frame, recv)
+
+    def verify(self, nursery: trio.Nursery, r: Round, frame: wire.Frame | None, recv: float) -> None:
+        """The exact rule over the round's logits (a ring of one stage: its own, `frame` None); the verdict is due
+        when the entry's compute, padded to its cost, ends."""
         base, k = r.pos + 1, self.k
 
         def decide(logits: torch.Tensor) -> tuple[int, int, list[float]]:
@@ -249,7 +255,7 @@ class OverlapMode(Sequenced):
                 elif kind == "verdict":
                     self.take_verdict(nursery, *item)
                 if not self.done:
-                    await self.send_ready()
+                    await self.send_ready(nursery)
             nursery.cancel_scope.cancel()
         return True
 
