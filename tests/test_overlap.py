@@ -10,6 +10,7 @@ import pytest
 
 from testbed.core import physics
 from testbed.core.errors import ConfigError
+from testbed.launch.runlog import RunLog
 from testbed.scenario.config import builtin_names, load_scenario
 from tests.ringutil import EXACT, ring_scenario, run
 
@@ -55,9 +56,13 @@ def test_the_expected_rate_is_the_sum_over_run_lengths(hit, window):
         assert physics.overlap_rate(gamma_k, hit, k, draft_s, compute_s, t_ring_s, window) == pytest.approx(sync)
 
 
-def geo(mode: str, tokens: int = 160, **decode):
+def geo_scenario(mode: str, tokens: int = 160, **decode):
     settings = dict(k=5, draft="calibrated", alpha=0.8, draft_ms=5.0, temperature=0.7)
-    return run(ring_scenario(GEO_MS, compute_ms=11.0, tokens=tokens, mode=mode, **(settings | decode)))
+    return ring_scenario(GEO_MS, compute_ms=11.0, tokens=tokens, mode=mode, **(settings | decode))
+
+
+def geo(mode: str, tokens: int = 160, **decode):
+    return run(geo_scenario(mode, tokens, **decode))
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +120,8 @@ def test_a_full_context_restarts_where_synchronous_speculation_does():
     assert s.overlap.measured_tok_s == pytest.approx(s.overlap.predicted_tok_s, rel=EXACT)
 
 
-@pytest.mark.parametrize("decode, key", [({"k": "auto"}, "decode.k"), ({"k": 4, "k_sweep": [2, 4]}, "decode.k"),
-                                         ({"k": 4, "window": 0}, "decode.window")])
+@pytest.mark.parametrize("decode, key", [({"k": 4, "k_sweep": [2, 4]}, "decode.k_sweep"), ({"window": 0}, "decode.window"),
+                                         ({"window": 65}, "decode.window")])
 def test_bad_overlap_settings_name_the_key(decode, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         ring_scenario(GEO_MS, mode="overlap", **decode)
@@ -135,3 +140,18 @@ def test_greedy_overlap_is_plain_greedy_on_every_shipped_scenario(name):
     assert s.overlap.queue_free or name not in ("geo-ring", "table2-global", "edge-cloud")  # c_d 5-10 ms
     if s.overlap.queue_free:
         assert s.overlap.measured_tok_s == pytest.approx(s.overlap.predicted_tok_s, rel=EXACT)
+
+
+def test_auto_k_picks_each_runs_k_from_what_it_measured_and_holds_the_closed_form():
+    """K = "auto": a run's K maximizes overlap_rate from the measured survival curve and guess rate. The calibrated
+    draft is i.i.d. at alpha 0.8, so the picks gather at the i.i.d. form's K*, below synchronous speculation's, and
+    the rate is the best fixed K's (the curve is flat there: K 3-5 are within 1%)."""
+    log = RunLog(geo_scenario("overlap", tokens=400, k="auto", window=4))
+    s = run(log.scenario, runlog=log)
+    o = s.overlap
+    assert o.k_auto and o.measured_tok_s == pytest.approx(o.predicted_tok_s, rel=EXACT)
+    ks = sorted(lap.facts.k for lap in log.laps if lap.kind == "overlap")
+    k_iid, best = physics.best_k_overlap([], 0.8, o.guess_rate, 0.005, 0.313, 4, 24)
+    k_sync, _ = physics.best_k(0.8, 0.005, 0.033, 0.28, 24)
+    assert k_iid < k_sync and abs(ks[len(ks) // 2] - k_iid) <= 1, (ks, k_iid)
+    assert s.measured_tok_s > 0.97 * best

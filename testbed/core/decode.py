@@ -183,7 +183,7 @@ class ModeInfo:
     greedy_on_last: bool = False  # with placement.head = "last" it decodes greedily only (the draft stays on the entry)
     spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
     drafts: bool = False  # it drafts with decode.draft (the scenario's model section checks the draft)
-    fixed_k: bool = False  # it drafts a fixed K: decode.k = "auto" and decode.k_sweep are refused where it loads
+    no_k_sweep: bool = False  # it runs no K sweep: decode.k_sweep is refused where it loads
     # A run longer than the run log's window (testbed.launch.summarize.mode_summary): a summary module with
     # summarize_totals reads its metrics part's sums over every lap ((run log, scenario) -> its part); without it,
     # its summarize reads the window's laps, with these fields of its part (field, lap kind) counted over the run.

@@ -151,6 +151,27 @@ def best_k_survival(survival: list[float], alpha_tail: float, draft_s: float, co
     return best, rate(best)
 
 
+def survival_all(survival: list[float], k: int, alpha_tail: float) -> float:
+    """S_{K-1}: the chance that all K drafts of a round are accepted, from a survival curve extended by alpha_tail."""
+    last = 1.0
+    for i in range(k):
+        last = survival[i] if i < len(survival) else last * alpha_tail
+    return last
+
+
+def best_k_overlap(survival: list[float], alpha_tail: float, guess: float, draft_s: float, lap_s: float, window: int,
+                   k_max: int = 64) -> tuple[int, float]:
+    """K* of overlapped speculation: overlap_rate with Gamma from the survival curve and h = S_{K-1} x guess (the
+    guess of the target's next token right, given all K accepted), over 1..k_max, with its rate. A short K keeps h
+    high, so K* sits below synchronous speculation's."""
+    def rate(k: int) -> float:
+        return overlap_rate(survival_gamma(survival, k, alpha_tail), min(survival_all(survival, k, alpha_tail) * guess,
+                                                                          1.0 - 1e-12), k, draft_s, lap_s, 0.0, window)
+
+    best = max(range(1, k_max + 1), key=lambda k: (rate(k), -k))
+    return best, rate(best)
+
+
 def survival_tail(survival: list[float], alpha: float) -> float:
     """Per-position acceptance to extend a measured survival curve with: its last conditional step, else alpha."""
     if len(survival) >= 2 and survival[-2] > 0:

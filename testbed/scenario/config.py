@@ -230,10 +230,9 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError(f"{decode.mode} decode needs a ring of at least {MODES[decode.mode].min_stages} stages",
                           source=source,
                           key="decode.mode" if decode.streams == 1 else "decode.streams")
-    spec_settings = decode.settings(SpecSettings)
-    if MODES[decode.mode].fixed_k and (spec_settings.k == "auto" or spec_settings.k_sweep):
-        raise ConfigError(f"{decode.mode} decode drafts a fixed K: decode.k must be a number (1-64), with no "
-                          "decode.k_sweep", source=source, key="decode.k")
+    if MODES[decode.mode].no_k_sweep and decode.settings(SpecSettings).k_sweep:
+        raise ConfigError(f"{decode.mode} decode runs no K sweep: decode.k is a number or \"auto\"", source=source,
+                          key="decode.k_sweep")
     wire_raw = section(raw, "wire", _WIRE_KEYS, source)
     wire = WireConfig(codec=_string(wire_raw, "codec", "f32", source, "wire", CODECS),
                       block=_number(wire_raw, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True))

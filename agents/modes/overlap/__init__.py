@@ -7,6 +7,6 @@ from agents.modes.overlap.settings import OverlapSettings
 from agents.modes.speculative.settings import SpecSettings
 from testbed.core.decode import ModeInfo
 
-INFO = ModeInfo("overlap", __name__, metric_kind="overlap", lap_kind="overlap", drafts=True, fixed_k=True,
+INFO = ModeInfo("overlap", __name__, metric_kind="overlap", lap_kind="overlap", drafts=True, no_k_sweep=True,
                 window_counts=(("rounds", "overlap"),), summary=OverlapSummary, summary_field="overlap",
                 settings=(SpecSettings, OverlapSettings))

@@ -41,7 +41,9 @@ class OverlapSummary(JsonRecord):
     """Overlapped speculation measured next to its closed form (physics.overlap_run_s, overlap_rate) and next to
     synchronous speculation's r_spec at the same K."""
 
-    k: int
+    k: float  # the K of every round, or their mean when K varied (auto: each run's own)
+    k_last: int
+    k_auto: bool
     window: int
     draft: str
     rounds: int
@@ -64,7 +66,7 @@ class OverlapSummary(JsonRecord):
     error_pct: float
     expected_tok_s: float  # overlap_rate(Gamma measured, h measured): the i.i.d. closed form
     bound_tok_s: float  # overlap_bound: the same as W grows without end
-    sync_predicted_tok_s: float  # r_spec = Gamma / (K c_d + C + T_ring): synchronous speculation at this K
+    sync_predicted_tok_s: float  # r_spec = Gamma / (K c_d + C + T_ring): synchronous speculation at these K
     gain_measured: float  # measured / sync_predicted
     gain_predicted: float  # expected / sync_predicted
     plain_predicted_tok_s: float  # 1 / (C + T_ring)

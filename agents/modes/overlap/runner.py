@@ -25,21 +25,25 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import trio
 
 from agents.modes.overlap.facts import OverlapRound
 from agents.modes.overlap.settings import OverlapSettings
-from agents.modes.speculative.runner import Drafter, PositionRandom, Sequenced, overlap, probabilities, verify
+from agents.modes.speculative.runner import (K_AUTO_START, K_AUTO_WARMUP_ROUNDS, Drafter, KChooser, PositionRandom,
+                                             Sequenced, overlap, probabilities, verify)
 from agents.modes.speculative.settings import SpecSettings
 from agents.process import wire
 from agents.process.lap import PendingLap, end_lap, lap_record, start_lap
 from agents.process.ring import CONTEXT_KEEP, RingClient
 from agents.zoo.prompts import prompt_ids
+from testbed.core import physics
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import PeerTimeout
 
 EVENTS = 256  # the entry's event queue: frames back, rounds drafted, verdicts due
+ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 
 
 @dataclass
@@ -61,6 +65,10 @@ class Round:
     def drafts(self) -> list[int]:
         return self.block[1:]
 
+    @property
+    def k(self) -> int:
+        return len(self.block) - 1
+
 
 @dataclass
 class Branch:
@@ -68,9 +76,40 @@ class Branch:
     rounds drafted from it, and the task drafting them."""
 
     number: int
+    k: int  # every round of a branch drafts K (decode.k, or the chooser's pick for it)
     context: list[int]
     scope: trio.CancelScope
     stalled: bool = False  # the next round would not fit in the context window
+
+
+@dataclass
+class OverlapChooser(KChooser):
+    """K fixed, or chosen at the start of each run (after a miss) to maximize physics.overlap_rate from what was
+    measured: the survival curve (acceptance per position), the guess's hit rate, c_d and the lap (send to verdict).
+    A run keeps its K: the closed form of a run (physics.overlap_run_s) is at one K."""
+
+    window: int = 1
+    all_accepted: int = 0  # rounds that accepted all K
+    hits: int = 0  # ... and whose next token was the guess
+
+    def observe_round(self, overlaps: list[float], draft_per_pass_s: float, k: int, lap_s: float, accepted: int,
+                      hit: bool) -> None:
+        self.observe(overlaps, draft_per_pass_s * k, k, lap_s, 0.0, accepted)
+        self.all_accepted += accepted == k
+        self.hits += hit
+
+    def next_k(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if len(self.compute_s) < K_AUTO_WARMUP_ROUNDS:
+            return min(K_AUTO_START, self.k_max)
+        alpha = min(self.alpha_hat, ALPHA_CAP)
+        survival = self.survival()
+        tail = min(physics.survival_tail(survival, alpha), ALPHA_CAP) if survival else alpha
+        guess = self.hits / self.all_accepted if self.all_accepted else alpha
+        k, _rate = physics.best_k_overlap(survival, tail, guess, float(np.median(self.draft_per_token_s)),
+                                          float(np.median(self.compute_s)), self.window, self.k_max)
+        return k
 
 
 class OverlapMode(Sequenced):
@@ -82,9 +121,10 @@ class OverlapMode(Sequenced):
     def __init__(self, config: DecodeConfig, ring: RingClient) -> None:
         from agents.process.shared import draft_name, shared_model
 
-        spec = config.settings(SpecSettings)  # a fixed K (ModeInfo.fixed_k: the scenario's loader saw to it)
+        spec = config.settings(SpecSettings)  # no K sweep (ModeInfo.no_k_sweep: the scenario's loader saw to it)
         self.config, self.ring = config, ring
-        self.k, self.window, self.min_rounds = int(spec.k), config.settings(OverlapSettings).window, spec.min_rounds
+        self.window, self.min_rounds = config.settings(OverlapSettings).window, spec.min_rounds
+        self.chooser = OverlapChooser(None if spec.k == "auto" else int(spec.k), spec.k_max, window=self.window)
         self.rand = PositionRandom(config.seed)
         self.drafter = Drafter(shared_model(draft_name(config.draft, ring.stage.model)), config.draft, config.alpha,
                                config.temperature, config.draft_ms / 1e3, self.rand, ring.clock, ring.dilation)
@@ -103,7 +143,7 @@ class OverlapMode(Sequenced):
 
     async def drafting(self, branch: Branch) -> None:
         """Draft rounds along `branch` while at most W are unverified; the first of a branch without a guess."""
-        clock, drafter, k = self.ring.clock, self.drafter, self.k
+        clock, drafter, k = self.ring.clock, self.drafter, branch.k
         context, first = branch.context, True
         while True:
             while len(self.inflight) + len(self.ready) > self.window:
@@ -134,7 +174,7 @@ class OverlapMode(Sequenced):
         if self.branch is not None:
             self.branch.scope.cancel()
         number = self.branch.number + 1 if self.branch is not None else 0
-        self.branch = branch = Branch(number, list(self.sequence), trio.CancelScope())
+        self.branch = branch = Branch(number, self.chooser.next_k(), list(self.sequence), trio.CancelScope())
         self.inflight.clear()
         self.ready.clear()
         self.run_index = 0
@@ -178,7 +218,7 @@ class OverlapMode(Sequenced):
     def verify(self, nursery: trio.Nursery, r: Round, frame: wire.Frame | None, recv: float) -> None:
         """The exact rule over the round's logits (a ring of one stage: its own, `frame` None); the verdict is due
         when the entry's compute, padded to its cost, ends."""
-        base, k = r.pos + 1, self.k
+        base, k = r.pos + 1, r.k
 
         def decide(logits: torch.Tensor) -> tuple[int, int, list[float]]:
             p = [probabilities(row, self.config.temperature) for row in logits]  # K + 1 rows
@@ -195,13 +235,15 @@ class OverlapMode(Sequenced):
         oldest = self.inflight.popleft()
         assert oldest is r, "verdicts come in the order their rounds left"
         now = self.ring.clock.now()
-        guess_at = r.pos + self.k + 1  # the next token's position: the guess the round after r starts with
+        k = r.k
+        guess_at = r.pos + k + 1  # the next token's position: the guess the round after r starts with
         context = self.branch.context
-        hit = accepted == self.k and len(context) > guess_at and context[guess_at] == nxt
+        hit = accepted == k and len(context) > guess_at and context[guess_at] == nxt
+        self.chooser.observe_round(overlaps, r.draft_s / r.passes, k, now - r.sent_at, accepted, hit)
         new_tokens = r.drafts[:accepted] + [nxt]
         self.sequence.extend(new_tokens)
         self.generated += len(new_tokens)
-        facts = OverlapRound(self.k, self.window, accepted, hit, self.run_no, self.run_index, r.draft_s,
+        facts = OverlapRound(k, self.window, accepted, hit, self.run_no, self.run_index, r.draft_s,
                              r.draft_real_s, r.passes, sum(overlaps), r.sent_at - self.last_verdict, now - r.sent_at,
                              r.in_flight, 0 if hit else len(self.inflight) + len(self.ready))
         record = lap_record(self.ring, r.pending, now)
