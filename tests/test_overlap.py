@@ -146,7 +146,7 @@ def test_auto_k_picks_each_runs_k_from_what_it_measured_and_holds_the_closed_for
     """K = "auto": a run's K maximizes overlap_rate from the measured survival curve and guess rate. The calibrated
     draft is i.i.d. at alpha 0.8, so the picks gather at the i.i.d. form's K*, below synchronous speculation's, and
     the rate is the best fixed K's (the curve is flat there: K 3-5 are within 1%)."""
-    log = RunLog(geo_scenario("overlap", tokens=400, k="auto", window=4))
+    log = RunLog(geo_scenario("overlap", tokens=300, k="auto", window=4))
     s = run(log.scenario, runlog=log)
     o = s.overlap
     assert o.k_auto and o.measured_tok_s == pytest.approx(o.predicted_tok_s, rel=EXACT)
