@@ -31,7 +31,7 @@ system-deps:
 	bash .ci/system-deps
 
 geo-ring: $(STAMP)
-	$(PY) -m testbed run geo-ring --phases plain,speculative --set decode.k=auto --json $(RESULTS)/geo-ring.json \
+	$(PY) -m testbed run geo-ring --phases plain,speculative,overlap --set decode.k=auto --json $(RESULTS)/geo-ring.json \
 		--trace $(RESULTS)/geo-ring.trace.json
 
 # The whole suite in three tiers (README): exact (simulated time, no root), fidelity (real time on the relay),
