@@ -181,6 +181,10 @@ def forecast(scenario: Scenario, compute_s: float) -> RunForecast:
     ring = scenario.ring
     prefill_s = physics.ttft_hops(prefill_compute_s, [link.delay_ms / 1e3 for link in ring],
                                   [hidden_bytes(scenario, positions)] * len(ring), [link.rate_bytes_s for link in ring])
+    decode = getattr(MODES[scenario.decode.mode].part("summary"), "decode_forecast", None)
+    if decode is not None:  # a mode whose laps are not one a token (overlap: rounds on the ring at once)
+        decode_s, laps = decode(scenario, compute_s + lap_floor_s(scenario))
+        return RunForecast(streams * prefill_s, decode_s, laps)
     laps = planned_laps(scenario)
     return RunForecast(streams * prefill_s, laps * (compute_s + lap_floor_s(scenario)), laps)
 

@@ -9,15 +9,20 @@ drafted one after another).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from agents.modes.overlap.facts import OverlapRound, OverlapSummary
+from agents.modes.overlap.settings import OverlapSettings
 from agents.modes.speculative.settings import SpecSettings
+from agents.modes.speculative.summary import ALPHA_CAP
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.scenario.config import Scenario
+
+ALPHA_PRIOR = 0.7  # a trained draft's acceptance before any is measured (as agents.modes.speculative.runner's)
 
 
 def summarize(laps: Sequence[LapRecord], sc: Scenario) -> OverlapSummary | None:
@@ -66,3 +71,19 @@ def summarize(laps: Sequence[LapRecord], sc: Scenario) -> OverlapSummary | None:
         error_pct=(measured * predicted_s / tokens - 1) * 100, expected_tok_s=expected, bound_tok_s=tokens / bound_s,
         sync_predicted_tok_s=sync, gain_measured=measured / sync, gain_predicted=expected / sync,
         plain_predicted_tok_s=physics.wall_rate(compute, t_ring))
+
+
+def decode_forecast(scenario: Scenario, lap_s: float) -> tuple[float, int]:
+    """(decode s, rounds) of a run at D = 1, for auto dilation's budget (testbed.launch.dilation): its tokens at the
+    i.i.d. form's rate, alpha the calibrated draft's or speculation's prior, the guess right with chance alpha, K the
+    scenario's or the i.i.d. K* (lap_s: a lap at the calibrated compute)."""
+    decode, spec = scenario.decode, scenario.decode.settings(SpecSettings)
+    alpha = min(decode.alpha if decode.draft == "calibrated" else ALPHA_PRIOR, ALPHA_CAP)
+    window = decode.settings(OverlapSettings).window
+    draft_s = decode.draft_ms / 1e3
+    k = int(spec.k) if spec.k != "auto" else physics.best_k_overlap([], alpha, alpha, draft_s, lap_s, window,
+                                                                     spec.k_max)[0]
+    gamma_k = physics.gamma(alpha, k)
+    rounds = max(spec.min_rounds, math.ceil(decode.tokens / gamma_k))
+    rate = physics.overlap_rate(gamma_k, alpha ** (k + 1), k, draft_s, lap_s, 0.0, window)
+    return rounds * gamma_k / rate, rounds
