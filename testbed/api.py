@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from testbed.scenario.config import Scenario
 
 __all__ = ["run", "sweep", "study",
-           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "faults", "whatif", "reproduce", "bench",
-           "serve"]
+           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif", "search",
+           "reproduce", "bench", "serve"]
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
@@ -140,6 +140,18 @@ def dsd(scenario_name: str | None = None, **options: Any) -> Any:
     return study("dsd", scenario_name, **options)
 
 
+def acceptance(scenario_name: str | None = None, **options: Any) -> Any:
+    """Acceptance per draft position (Sequoia's vector) on calibration prompts, and Gamma predicted from it beside
+    the i.i.d. form and measured on held-out prompts (`python -m testbed acceptance`)."""
+    return study("acceptance", **({"scenario": scenario_name} if scenario_name else {}), **options)
+
+
+def overlap(**options: Any) -> Any:
+    """Overlapped speculation against synchronous speculation and plain decode by T_ring (single box, metro, regional,
+    geo): tok/s measured vs predicted and the gain (`python -m testbed overlap`)."""
+    return study("overlap", **options)
+
+
 def faults(scenario_name: str | None = None, **options: Any) -> Any:
     """Jitter and loss on every link: mean and p99 lap measured vs the model, and the output against the clean run
     (`python -m testbed faults`)."""
@@ -168,6 +180,12 @@ def whatif(**options: Any) -> Any:
     """A deployment from the catalogues (model, hardware, regions): decode, TTFT, speculation, streams and where a
     token's time goes, predicted, and measured with `measure=True` (`python -m testbed whatif`)."""
     return study("whatif", **options)
+
+
+def search(spec: str, **options: Any) -> Any:
+    """The best deployment of the machines and regions a file lists: every candidate ranked by the closed forms, the
+    top ones confirmed on virtual time (`python -m testbed search FILE`)."""
+    return study("search", file=spec, **options)
 
 
 def reproduce(**options: Any) -> Any:

@@ -13,6 +13,7 @@ from testbed.report import build as report
 from testbed.studies import STUDIES
 from testbed.launch.trace import laps_of, read_trace
 from tests.echo_study import STUDY as ECHO
+from tests.test_overlap_study import small_overlap_result
 
 
 @pytest.fixture
@@ -121,7 +122,9 @@ def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_
         (results / name).write_text((DATA / name).read_text(encoding="utf-8"), encoding="utf-8")
     written = {"place": place_result(), "tp": tp_result(), "tree": tree_result(), "dsd": dsd_result(),
                "whatif": testbed.whatif(model="llama-3.1-8b", hardware="h100-sxm", regions="ireland,virginia"),
-               "serve": small_serve_result(), "reproduce": testbed.reproduce()}
+               "serve": small_serve_result(), "reproduce": testbed.reproduce(), "overlap": small_overlap_result(),
+               "acceptance": testbed.acceptance(prompts=2, tokens=12, k_cal=3),
+               "search": testbed.search("small", confirm=0)}
     for name, result in written.items():
         (results / f"{name}.json").write_text(result.to_json(), encoding="utf-8")
     (results / "codecs.json").write_text(json.dumps([row.to_dict() for row in codec_rows()]), encoding="utf-8")

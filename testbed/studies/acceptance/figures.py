@@ -1,0 +1,57 @@
+"""The acceptance study in the report: `testbed acceptance --json` results (told apart by their "acceptance_rows")
+checked and tabled: per K, the held-out Gamma measured next to the per-position and the i.i.d. predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from testbed.core.errors import ConfigError
+from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.acceptance.result import AcceptanceResult
+
+DRAFTS = ("trained", "calibrated")
+ROW_POSITIVE = ("measured_gamma", "positional_gamma", "iid_gamma")  # a round yields at least one token
+ROW_NON_NEGATIVE = ("measured_se", "positional_se")
+
+
+@dataclass(frozen=True)
+class SourcedAcceptance:
+    """One acceptance calibration (`testbed acceptance --json`) and where it came from."""
+
+    source: str
+    result: AcceptanceResult
+
+
+def parse_acceptance(data: dict, source: str) -> SourcedAcceptance:
+    """A `testbed acceptance --json` object -> a checked AcceptanceResult; field errors become ConfigError."""
+    result = record_from(AcceptanceResult, data, source, "an acceptance result")
+    check_text(result.scenario, source, "scenario")
+    check_text(result.draft, source, "draft", DRAFTS)
+    check_count(result.k_cal, 1, source, "k_cal")
+    check_number(result.alpha_hat, source, "alpha_hat", minimum=0.0, maximum=1.0)
+    if not isinstance(result.acceptance_rows, tuple) or not result.acceptance_rows:
+        raise ConfigError(f"expected a non-empty list of rows, got {result.acceptance_rows!r}", source=source,
+                          key="acceptance_rows")
+    for i, row in enumerate(result.acceptance_rows):
+        check_count(row.k, 1, source, f"acceptance_rows[{i}].k")
+        for key in ROW_POSITIVE:
+            check_number(getattr(row, key), source, f"acceptance_rows[{i}].{key}", minimum=1.0)
+        for key in ROW_NON_NEGATIVE:
+            check_number(getattr(row, key), source, f"acceptance_rows[{i}].{key}", minimum=0.0)
+    return SourcedAcceptance(source, result)
+
+
+def acceptance_markdown(items: Sequence[SourcedAcceptance]) -> list[str]:
+    lines = ["Tokens a round on held-out prompts, measured ± its standard error, next to Γ predicted from the "
+             "calibration prompts' positional vector (1 + Σ S_i) and from α̂ alone (i.i.d.).", "",
+             "| source | draft | K | measured Γ | per-position Γ | err % | iid Γ(α̂, K) | err % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for item in items:
+        r = item.result
+        draft = r.draft + (f" α {r.alpha:g}" if r.alpha is not None else "")
+        for row in r.acceptance_rows:
+            lines.append(f"| {item.source} | {draft} | {row.k} | {row.measured_gamma:.3f} ± {row.measured_se:.3f} | "
+                         f"{row.positional_gamma:.3f} | {row.positional_error_pct:+.2f} | {row.iid_gamma:.3f} | "
+                         f"{row.iid_error_pct:+.2f} |")
+    return lines

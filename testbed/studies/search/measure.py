@@ -1,0 +1,359 @@
+"""python -m testbed search FILE: the best deployment of a model from the machines and regions a user has.
+
+Every candidate the file allows (space.Space: which machines, the ring order of their regions, the layer split,
+speculation off / synchronous / overlapped at K*) is refused with its reason where it does not fit in memory, else
+scored by the closed forms; the best are printed with where a round's time goes, the Pareto frontier of rate
+against $/h beside them, and the top few are built as scenarios (one stage per machine, its roofline of its layers
+on its devices, the hops from the region matrix; whatif --measure's way) and run on virtual time, measured next to
+predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from testbed.core.errors import ConfigError
+from testbed.core.records import JsonRecord
+from testbed.deploy.rules import StageShare, stage_roofline
+from testbed.scenario.config import Scenario, scenario_from_dict
+from testbed.studies.base import ensure_models_on, log_to, print_tables, write_json
+from testbed.studies.search.space import Candidate, Frames, Scored, Space
+from testbed.studies.search.spec import SearchSpec, load_spec
+
+TOP = 5  # candidates printed
+CONFIRM = 3  # candidates run on virtual time
+TEMPERATURE = 0.7  # a speculating run samples (the calibrated draft's acceptance is dialled at any temperature)
+MODE_NAMES = {"off": "plain", "sync": "speculative", "async": "overlap"}
+
+
+@dataclass(frozen=True)
+class CandidateRow(JsonRecord):
+    """One scored candidate, as printed: the ring, the split, the decode, the figures and where a round goes."""
+
+    rank: int  # 1 = the winner; 0 = not among the printed (the baseline, a frontier point)
+    ring: str  # "h100-va -> a100-oh -> ...", stage 0 (the entry) first
+    machines: tuple[str, ...]
+    regions: tuple[str, ...]
+    layers: tuple[int, ...]
+    split: str
+    mode: str  # "off", "sync", "async"
+    k: int
+    window: int
+    tok_s: float
+    cost_hour: float
+    objective: float
+    compute_ms: float  # a round's (the stages' passes)
+    propagation_ms: float
+    serialization_ms: float
+    draft_ms: float
+    tokens_per_round: float
+    bottleneck: str  # the largest part of a round, in words
+    queue_free: bool = True
+
+    @property
+    def decode(self) -> str:
+        return {"off": "plain", "sync": f"spec K {self.k}", "async": f"overlap K {self.k} W {self.window}"}[self.mode]
+
+
+@dataclass(frozen=True)
+class Refusal(JsonRecord):
+    reason: str
+    candidates: int
+
+
+@dataclass(frozen=True)
+class Confirmation(JsonRecord):
+    """A candidate built as a scenario and run: its measured rate beside the closed form's."""
+
+    rank: int
+    ring: str
+    decode: str
+    predicted_tok_s: float  # the search's closed form (speculation: at the stated alpha)
+    measured_tok_s: float
+    run_predicted_tok_s: float  # the run's own closed form (speculation: with the run's realized acceptance)
+    shaper: str
+
+    @property
+    def error_pct(self) -> float:
+        """Measured against the closed form the run's own draws give (for plain decode, the search's own)."""
+        return (self.measured_tok_s / self.run_predicted_tok_s - 1) * 100
+
+    @property
+    def vs_search_pct(self) -> float:
+        return (self.measured_tok_s / self.predicted_tok_s - 1) * 100
+
+
+@dataclass(frozen=True)
+class CostPoint(JsonRecord):
+    cost_hour: float
+    tok_s: float
+    ring: str
+    decode: str
+
+
+@dataclass(frozen=True)
+class SearchResult(JsonRecord):
+    search: str  # the input file
+    model: str
+    objective: str
+    alpha: float
+    scored: int
+    refused: int
+    duplicates: int
+    seconds: float
+    refusals: tuple[Refusal, ...]
+    excluded: tuple[Refusal, ...]  # placements the constraints rule out
+    top: tuple[CandidateRow, ...]
+    baseline: CandidateRow | None  # the best even split, plain decode, on the fewest regions that hold the model
+    pareto: tuple[CandidateRow, ...]  # objective tok/s against $/h: none cheaper is as fast (the report part's key)
+    by_cost: tuple[CostPoint, ...]  # the fastest candidate at each cost (the figure's cloud)
+    confirmations: tuple[Confirmation, ...] = ()
+
+    @property
+    def per_second(self) -> float:
+        return self.scored / self.seconds if self.seconds > 0 else 0.0
+
+
+def reference_scenario(spec: SearchSpec) -> Scenario:
+    """A one-stage scenario of the model: what its frames carry (Frames)."""
+    return build(spec, Candidate((0,), (spec.model.layers,), "even", "off"), Space(spec, None))  # type: ignore[arg-type]
+
+
+def build(spec: SearchSpec, c: Candidate, space: Space, name: str = "search") -> Scenario:
+    """The candidate as a scenario: a stage per machine in its region, the hops from the matrix, [geometry] the model,
+    each stage's roofline its layers on its devices (rules.stage_roofline; set after loading, as the scenario's own
+    split is even), the decode its mode at its K and window with a calibrated draft of the stated alpha."""
+    machines = [spec.machines[g] for g in c.stages]
+    names = list(dict.fromkeys(m.region for m in machines))
+    decode: dict[str, Any] = {"mode": MODE_NAMES[c.mode], "tokens": spec.tokens, "temperature": 0.0,
+                              "prompt_tokens": spec.prompt_tokens}
+    if c.mode != "off":
+        decode |= {"k": c.k, "draft": "calibrated", "alpha": spec.alpha, "temperature": TEMPERATURE,
+                   "draft_ms": space.draft_s(c.stages) * 1e3}
+    if c.mode == "async":
+        decode["window"] = c.window
+    raw = {
+        "name": name, "description": ring_text(spec, c),
+        "model": "target" if len(c.stages) <= 6 else "target-deep",
+        "geometry": {"preset": spec.model.name},
+        "regions": {"names": names, "source": spec.matrix.source,
+                    "one_way_ms": [[spec.matrix.ms(a, b) for b in names] for a in names]},
+        "stages": [{"name": f"s{i}-{m.name}", "region": m.region, "compute_ms": 1.0} for i, m in enumerate(machines)],
+        "network": {"rate_mbit": spec.rate_mbit} if spec.rate_mbit else {},
+        "decode": decode,
+    }
+    scenario = scenario_from_dict(raw, f"search {spec.source}")
+    stages = tuple(replace(st, compute_ms=0.0, hardware=m.hardware.name, devices=m.devices,
+                           roofline=stage_roofline(spec.model, StageShare(layers, i == 0), m.hardware, m.devices))
+                   for i, (st, m, layers) in enumerate(zip(scenario.stages, machines, c.layers)))
+    return replace(scenario, stages=stages)
+
+
+def ring_text(spec: SearchSpec, c: Candidate) -> str:
+    return " -> ".join(spec.machines[g].name for g in c.stages)
+
+
+def row(space: Space, s: Scored, rank: int) -> CandidateRow:
+    spec, c = space.spec, s.candidate
+    r = space.round_of(c)
+    parts = {"compute": r.compute_s, "propagation": r.propagation_s, "serialization": r.serialization_s,
+             "draft": r.draft_s}
+    top = max(parts, key=lambda p: parts[p])
+    total = sum(parts.values())
+    machines = [spec.machines[g] for g in c.stages]
+    if top == "compute":
+        slow = machines[r.slowest_stage]
+        words = (f"compute {top_share(parts, top, total)}: stage {r.slowest_stage} {slow.name} "
+                 f"({c.layers[r.slowest_stage]} layers) {r.slowest_stage_s * 1e3:.1f} ms")
+    elif top == "propagation":
+        a, b = machines[r.longest_hop].region, machines[(r.longest_hop + 1) % len(machines)].region
+        words = f"links {top_share(parts, top, total)}: {a} -> {b} {r.longest_hop_s * 1e3:.1f} ms"
+    elif top == "serialization":
+        words = f"link bandwidth {top_share(parts, top, total)}"
+    else:
+        words = f"draft {top_share(parts, top, total)}: K {c.k} x c_d"
+    return CandidateRow(rank, ring_text(spec, c), tuple(m.name for m in machines), tuple(m.region for m in machines),
+                        c.layers, c.split, c.mode, c.k, c.window, s.tok_s, s.cost_hour, s.objective,
+                        r.compute_s * 1e3, r.propagation_s * 1e3, r.serialization_s * 1e3, r.draft_s * 1e3, r.tokens,
+                        words, r.queue_free)
+
+
+def top_share(parts: dict[str, float], key: str, total: float) -> str:
+    return f"{parts[key] / total:.0%}"
+
+
+def baseline(space: Space, scored: Sequence[Scored]) -> Scored | None:
+    """The best even split with plain decode on the fewest regions that hold the model (co-located first)."""
+    even = [s for s in scored if s.candidate.split == "even" and s.candidate.mode == "off"]
+    if not even:
+        return None
+    fewest = min(len(set(space.spec.machines[g].region for g in s.candidate.stages)) for s in even)
+    return next(s for s in even if len(set(space.spec.machines[g].region for g in s.candidate.stages)) == fewest)
+
+
+def pareto(scored: Sequence[Scored]) -> list[Scored]:
+    """Rate against $/h: the candidates no cheaper (or as cheap) candidate is as fast as, cheapest first."""
+    out: list[Scored] = []
+    for s in sorted(scored, key=lambda s: (s.cost_hour, -s.tok_s)):
+        if not out or s.tok_s > out[-1].tok_s:
+            out.append(s)
+    return out
+
+
+def by_cost(scored: Sequence[Scored], space: Space) -> list[CostPoint]:
+    best: dict[float, Scored] = {}
+    for s in scored:
+        key = round(s.cost_hour, 6)
+        if key not in best or s.tok_s > best[key].tok_s:
+            best[key] = s
+    return [CostPoint(s.cost_hour, s.tok_s, ring_text(space.spec, s.candidate), row(space, s, 0).decode)
+            for _, s in sorted(best.items())]
+
+
+def searched(spec: SearchSpec, top: int = TOP) -> tuple[SearchResult, Space, list[Scored]]:
+    """Every candidate scored (the closed forms only); the result without confirmations."""
+    space = Space(spec, Frames(reference_scenario(spec)))
+    start = time.perf_counter()
+    scored = space.search()
+    seconds = time.perf_counter() - start
+    refusals = tuple(Refusal(why, n) for why, n in space.refused.most_common())
+    if not scored:
+        reasons = "; ".join(f"{r.reason} ({r.candidates})" for r in refusals[:3]) or "every ring was ruled out by " \
+            "the constraints: " + "; ".join(space.excluded)
+        raise ConfigError(f"no deployment of {spec.model.name} fits the machines: {reasons}", source=spec.source,
+                          key="machines")
+    base = baseline(space, scored)
+    result = SearchResult(
+        search=spec.source, model=spec.model.name, objective=spec.objective, alpha=spec.alpha, scored=len(scored),
+        refused=sum(space.refused.values()), duplicates=space.duplicates, seconds=seconds, refusals=refusals,
+        excluded=tuple(Refusal(why, n) for why, n in space.excluded.most_common()),
+        top=tuple(row(space, s, i + 1) for i, s in enumerate(scored[:top])),
+        baseline=row(space, base, 0) if base is not None else None,
+        pareto=tuple(row(space, s, 0) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)))
+    return result, space, scored
+
+
+async def confirm(spec: SearchSpec, space: Space, scored: Sequence[Scored], n: int, args: argparse.Namespace, log,
+                  base: Scored | None = None) -> list[Confirmation]:
+    """The best n candidates (and `base`, rank 0: the baseline) built as scenarios and run on args.shaper, at
+    args.dilation within an even share of args.budget_s each."""
+    from testbed.launch.launcher import run_scenario
+
+    out, shaper = [], args.shaper
+    runs = [*enumerate(scored[:n], start=1), *([(0, base)] if base is not None else [])]
+    for rank, s in runs:
+        c = s.candidate
+        scenario = build(spec, c, space, f"search-{rank}")
+        decode = row(space, s, rank).decode
+        log(f"confirming {f'#{rank}' if rank else 'the baseline'} on {shaper}: {ring_text(spec, c)}, {decode}, {spec.tokens} tokens...")
+        summary = await run_scenario(scenario, shaper, log=lambda m: None, dilation=args.dilation,
+                                     budget_s=args.budget_s / len(runs))
+        part = summary.spec if c.mode == "sync" else summary.overlap if c.mode == "async" else None
+        measured = part.measured_tok_s if part is not None else summary.measured_tok_s
+        own = part.predicted_tok_s if part is not None else s.tok_s
+        out.append(Confirmation(rank, ring_text(spec, c), decode, s.tok_s, measured, own, summary.shaper))
+        log(f"      measured {measured:.3f} tok/s, predicted {s.tok_s:.3f} ({out[-1].vs_search_pct:+.2f}%), the "
+            f"run's own form {own:.3f} ({out[-1].error_pct:+.2f}%)")
+    return out
+
+
+def run(args: argparse.Namespace, console: Console) -> SearchResult:
+    if not args.file:
+        raise ConfigError("required: the search file (or a shipped one: example, small)", key="FILE")
+    spec = load_spec(args.file)
+    if args.alpha is not None:
+        if not 0.0 <= args.alpha < 1.0:
+            raise ConfigError(f"expected an acceptance rate in [0, 1), got {args.alpha:g}", key="--alpha")
+        spec = replace(spec, alpha=args.alpha, guess=args.alpha)
+    if args.objective:
+        spec = replace(spec, objective=args.objective)
+        if args.objective == "tok_s_per_dollar" and any(m.price_hour <= 0 for m in spec.machines):
+            raise ConfigError("tok_s_per_dollar needs every machine's price_hour > 0", source=spec.source,
+                              key="machines.price_hour")
+    result, space, scored = searched(spec, args.top)
+    log = log_to(console)
+    log(f"scored {result.scored:,} candidates in {result.seconds:.2f} s ({result.per_second:,.0f} a second); "
+        f"refused {result.refused:,} (memory), {result.duplicates:,} splits gave another's layers")
+    if args.confirm <= 0:
+        return result
+    ensure_models_on(console)
+    base = baseline(space, scored)
+    confirmations = trio.run(confirm, spec, space, scored, args.confirm, args, log,
+                             base if base is not None and base not in scored[:args.confirm] else None)
+    return replace(result, confirmations=tuple(confirmations))
+
+
+# --- printing ------------------------------------------------------------------------------------------------------
+def candidates_table(title: str, rows: Sequence[CandidateRow], objective: str) -> Table:
+    out = Table(title=title)
+    for col in ("#", "ring (entry first)", "layers", "split", "decode", "tok/s", "$/h",
+                *(("tok/s per $/h",) if objective == "tok_s_per_dollar" else ()),
+                "compute ms", "links ms", "draft ms", "tok/round", "bottleneck"):
+        out.add_column(col, justify="right")
+    for r in rows:
+        out.add_row(str(r.rank) if r.rank else "", f"{r.ring}", "/".join(map(str, r.layers)), r.split, r.decode,
+                    f"{r.tok_s:.2f}", f"{r.cost_hour:.2f}",
+                    *((f"{r.objective:.3f}",) if objective == "tok_s_per_dollar" else ()),
+                    f"{r.compute_ms:.1f}", f"{r.propagation_ms + r.serialization_ms:.1f}", f"{r.draft_ms:.1f}",
+                    f"{r.tokens_per_round:.2f}", r.bottleneck + ("" if r.queue_free else " (queues)"))
+    return out
+
+
+def refusals_table(result: SearchResult) -> Table:
+    out = Table(title=f"Refused ({result.refused:,} candidates: memory) and ruled out by the constraints")
+    for col in ("why", "candidates"):
+        out.add_column(col, justify="right")
+    for r in result.refusals[:8]:
+        out.add_row(r.reason, f"{r.candidates:,}")
+    if len(result.refusals) > 8:
+        out.add_row(f"... {len(result.refusals) - 8} more reasons", f"{sum(r.candidates for r in result.refusals[8:]):,}")
+    for r in result.excluded:
+        out.add_row(f"ruled out: {r.reason}", f"{r.candidates:,} machine sets")
+    return out
+
+
+def confirmations_table(result: SearchResult) -> Table:
+    out = Table(title="The best candidates run (a scenario each: one stage per machine, its roofline, the matrix's "
+                      "hops), measured vs predicted")
+    for col in ("#", "ring", "decode", "predicted tok/s", "measured tok/s", "vs search %", "run's own form",
+                "error %", "shaper"):
+        out.add_column(col, justify="right")
+    for c in result.confirmations:
+        out.add_row(str(c.rank) if c.rank else "baseline", c.ring, c.decode, f"{c.predicted_tok_s:.3f}", f"{c.measured_tok_s:.3f}",
+                    f"{c.vs_search_pct:+.2f}", f"{c.run_predicted_tok_s:.3f}", f"{c.error_pct:+.2f}", c.shaper)
+    return out
+
+
+def show(result: SearchResult, args: argparse.Namespace, console: Console) -> None:
+    tables = [candidates_table(f"Search: {result.model}, objective {result.objective}: {result.scored:,} candidates "
+                               f"scored in {result.seconds:.2f} s; the best", result.top, result.objective)]
+    if result.baseline is not None:
+        tables.append(candidates_table("The best even split, plain decode, on the fewest regions that hold the model "
+                                       "(co-located first)", [result.baseline], result.objective))
+    tables.append(candidates_table("Pareto frontier: tok/s against $/h (none cheaper is as fast)", result.pareto,
+                                   result.objective))
+    tables.append(refusals_table(result))
+    if result.confirmations:
+        tables.append(confirmations_table(result))
+    print_tables(console, tables)
+    log = log_to(console)
+    winner = result.top[0]
+    if result.baseline is not None:
+        log(f"winner {winner.ring} ({winner.split}, {winner.decode}): {winner.tok_s:.2f} tok/s at ${winner.cost_hour:.2f}"
+            f"/h, {winner.tok_s / result.baseline.tok_s:.2f}x the best even-split co-located-first configuration "
+            f"({result.baseline.ring}: {result.baseline.tok_s:.2f} tok/s at ${result.baseline.cost_hour:.2f}/h)")
+    if result.confirmations:
+        first = result.confirmations[0]
+        log(f"the winner on {first.shaper}: measured {first.measured_tok_s:.3f} tok/s, {first.error_pct:+.2f}% from "
+            f"its closed form ({first.vs_search_pct:+.2f}% from the search's, at the stated alpha "
+            f"{result.alpha:g})")
+    if args.json:
+        write_json(args.json, result.to_json(indent=2), console)

@@ -1,0 +1,134 @@
+"""The search study (testbed.studies.search): the search moves the way the physics says (a faster device where the
+slowest stage is raises the rate; a memory limit refuses candidates and says why; a far region stays out of the
+single-stream winner; speculation wins on a long ring at high alpha and loses at alpha 0; per dollar the cheaper
+machine wins a tie), the winner run on virtual time within 1% of its prediction, the report part, and bad input
+named with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed import cli
+from testbed.core.errors import ConfigError
+from testbed.studies.search.figures import parse
+from testbed.studies.search.measure import searched
+from testbed.studies.search.spec import spec_from_dict
+
+pytestmark = pytest.mark.exact
+
+
+def machine(name: str, hardware: str, region: str, devices: int = 1, count: int = 1, price: float = 1.0) -> dict:
+    return {"name": name, "hardware": hardware, "region": region, "devices": devices, "count": count,
+            "price_hour": price}
+
+
+def search(machines: list[dict], model: str = "llama-3.1-70b", **top):
+    raw = {"model": model, "prompt_tokens": 512, "tokens": 16, "context": 1024, "machines": machines, **top}
+    return searched(spec_from_dict(raw, "test"))
+
+
+def test_a_faster_device_in_the_slowest_stages_region_raises_the_rate():
+    """70B spans an A100 in Paris and four 4090s in Frankfurt; the A100's stage is the slowest a layer. An H100 in
+    Paris beside it lets the split move layers onto faster memory: the winner's rate goes up."""
+    base = [machine("a100", "a100-80gb", "paris"), machine("4090s", "rtx-4090", "frankfurt", devices=4)]
+    before, space, _ = search(base)
+    slow = max(before.top[0].machines, key=lambda name: space.layer_s(
+        next(i for i, m in enumerate(space.spec.machines) if m.name == name)))
+    assert slow == "a100"
+    after, _, _ = search([*base, machine("h100", "h100-sxm", "paris")])
+    assert after.top[0].tok_s > before.top[0].tok_s * 1.05
+    assert "h100" in after.top[0].machines
+
+
+def test_a_memory_limit_refuses_candidates_and_says_why():
+    machines = [machine("a100", "a100-80gb", "paris", count=2), machine("4090s", "rtx-4090", "frankfurt", devices=4)]
+    loose, _, _ = search(machines)
+    tight, _, _ = search(machines, constraints={"memory_fraction": 0.6})
+    assert tight.scored < loose.scored
+    assert tight.refused > loose.refused
+    assert any("layers" in r.reason and r.candidates > 0 for r in tight.refusals)
+    assert sum(r.candidates for r in tight.refusals) == tight.refused
+
+
+def test_a_far_region_is_left_out_of_the_single_stream_winner():
+    """70B needs two A100s; Virginia-Ohio is 15 ms a lap, either with Sydney ~200 ms."""
+    machines = [machine("va", "a100-80gb", "virginia"), machine("oh", "a100-80gb", "ohio"),
+                machine("syd", "a100-80gb", "sydney")]
+    result, _, scored = search(machines)
+    assert "sydney" not in result.top[0].regions
+    assert any(2 in s.candidate.stages for s in scored)  # rings through Sydney were scored, and lost
+
+
+@pytest.mark.parametrize("alpha, speculates", [(0.9, True), (0.0, False)])
+def test_speculation_wins_on_a_long_ring_when_alpha_is_high(alpha, speculates):
+    machines = [machine("va", "h100-sxm", "virginia"), machine("syd", "h100-sxm", "sydney")]
+    result, _, _ = search(machines, speculation={"draft": "llama-3.1-8b", "alpha": alpha},
+                          constraints={"head_region": "virginia"})
+    assert set(result.top[0].regions) == {"virginia", "sydney"}  # the model needs both
+    assert (result.top[0].mode != "off") is speculates
+
+
+def test_per_dollar_prefers_the_cheaper_machine_when_rates_tie():
+    machines = [machine("dear", "a100-80gb", "paris", price=4.0), machine("cheap", "a100-80gb", "paris", price=1.0)]
+    by_rate, _, _ = search(machines, model="llama-3.1-8b")
+    by_dollar, _, _ = search(machines, model="llama-3.1-8b", objective="tok_s_per_dollar")
+    assert by_rate.top[0].tok_s == pytest.approx(by_rate.top[1].tok_s)  # the two single machines tie on rate
+    assert by_dollar.top[0].machines == ("cheap",)
+    assert by_dollar.top[0].objective == pytest.approx(by_dollar.top[0].tok_s / 1.0)
+
+
+def test_every_split_keeps_its_stages_within_memory():
+    machines = [machine("a100", "a100-80gb", "paris", count=2), machine("4090s", "rtx-4090", "frankfurt", devices=4),
+                machine("h100", "h100-sxm", "london")]
+    _, space, scored = search(machines, speculation={"draft": "llama-3.1-8b"})
+    assert {s.candidate.split for s in scored} == {"even", "balanced", "greedy"}
+    for s in scored:
+        c = s.candidate
+        assert sum(c.layers) == space.spec.model.layers
+        for i, (g, layers) in enumerate(zip(c.stages, c.layers)):
+            assert 1 <= layers <= space.capacity(g, i == 0, c.mode != "off")
+
+
+def test_the_winner_runs_on_virtual_time_within_one_percent(tmp_path, capsys):
+    out = tmp_path / "search.json"
+    assert cli.main(["search", "small", "--confirm", "1", "--json", str(out), "--figure", str(tmp_path / "p.png")]) == 0
+    item = parse(json.loads(out.read_text()), str(out))
+    first = item.result.confirmations[0]
+    assert first.rank == 1 and first.shaper == "virtual"
+    assert abs(first.error_pct) < 1.0
+    assert abs(first.vs_search_pct) < 1.0  # plain decode: the search's own form
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+    assert "candidates" in capsys.readouterr().out
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "in.toml"
+    path.write_text(text)
+    return path
+
+
+BASE = 'model = "llama-3.1-70b"\n[[machines]]\nhardware = "{hw}"\nregion = "{region}"\ndevices = {devices}\n'
+
+
+@pytest.mark.parametrize("hw, region, devices, key", [
+    ("h100-sxmm", "virginia", 2, "machines[0].hardware"),  # an unknown preset
+    ("h100-sxm", "atlantis", 2, "machines[0].region"),  # a region missing from the matrix
+    ("h100-sxm", "virginia", 1, "machines"),  # 70B does not fit in one H100
+])
+def test_bad_input_exits_2_naming_the_field(tmp_path, capsys, hw, region, devices, key):
+    path = write(tmp_path, BASE.format(hw=hw, region=region, devices=devices))
+    assert cli.main(["search", str(path), "--confirm", "0"]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}: {key}:" in out
+
+
+def test_a_region_matrix_in_the_file_must_name_the_machines_regions():
+    raw = {"model": "llama-3.1-8b", "regions": {"names": ["a", "b"], "one_way_ms": [[0, 5], [5, 0]]},
+           "machines": [{"hardware": "a100-80gb", "region": "c"}]}
+    with pytest.raises(ConfigError, match=r"machines\[0\]\.region.*missing from the region matrix"):
+        spec_from_dict(raw, "test")
+    raw["machines"][0]["region"] = "b"
+    assert spec_from_dict(raw, "test").matrix.ms("a", "b") == 5
