@@ -228,3 +228,36 @@ def test_auto_dilation_budgets_the_workloads_arrivals_not_decode_tokens():
     run = forecast(sc, 3 * STAGE_MS / 1e3)  # a lap's compute beyond T_ring, as calibration measures it
     assert run.prefill_s == pytest.approx(LAP_S) and run.laps == 9
     assert run.total_s == pytest.approx(40 / 2.0 + LAP_S + 9 * LAP_S)
+
+
+def kv_scenario(kv_requests: float, **workload):
+    """Llama-3.1-8B's geometry on three stages of a custom device whose memory leaves room for the KV of
+    `kv_requests` requests of 20 positions (16 prompt, 4 output) on the tightest stage; compute pinned at STAGE_MS."""
+    def raw(memory_gb: float) -> dict:
+        hardware = {"source": "test", "memory_gb": memory_gb, "memory_bw_gbs": 3350, "tflops_bf16": 989.4,
+                    "tflops_fp8": 1978.9, "mem_efficiency": 0.8, "flop_efficiency": 0.5, "efficiency_source": "test"}
+        return {"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS, "hardware": "dev"} for i in range(3)],
+                "network": {"hops_ms": HOPS_MS}, "geometry": {"preset": "llama-3.1-8b"}, "hardware": {"dev": hardware},
+                "decode": {"mode": "serve", "streams": 8},
+                "workload": {"prompt_tokens": 16, "output_tokens": 4, **workload}}
+
+    big = scenario_from_dict(raw(80.0), "<test>")
+    need_gb = max(80.0 - st.kv_room_bytes / 1e9 for st in big.stages)  # the weights on the fullest stage
+    per_position = max(st.kv_position_bytes for st in big.stages)
+    return scenario_from_dict(raw(need_gb + kv_requests * 20 * per_position / 1e9), "<test>")
+
+
+def test_the_kv_budget_caps_the_requests_in_the_ring_and_refuses_one_that_never_fits():
+    """[geometry] and the hardware's memory: a request holds its prompt's and output's KV to its end, so the ring
+    admits as many as the memory beside the weights holds (3 of 20 positions here, under decode.streams 8); the
+    queueing model's cap is the same; a request longer than the whole budget is refused as it comes up."""
+    sc = kv_scenario(3.5, arrival="poisson", rate=100.0, requests=8, seed=1)
+    assert sc.kv_positions // 20 == 3
+    summary, records, log = served(sc)
+    assert summary.serve.cap == 3 and summary.serve.kv_positions == sc.kv_positions
+    assert max(lap.facts.running for lap in log.laps if isinstance(lap.facts, ServeLap)) == 3
+    assert len(records) == 8 and not any(r.aborted for r in records)
+    admitted = sorted(r.admitted for r in records)
+    assert admitted[3] > min(r.finished for r in records) - 1e-12  # the fourth waits for one to end
+    summary, records, _ = served(kv_scenario(0.5, arrival="constant", rate=1.0, requests=2))
+    assert all(r.aborted and not r.output_tokens for r in records)  # 20 positions > the ~10 the memory holds

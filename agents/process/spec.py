@@ -38,4 +38,5 @@ class AgentSpec(JsonRecord):
     lap_timeout_s: float = LAP_TIMEOUT_S  # no frame within this long: a peer or a link is gone (network.lap_timeout_s)
     every_agent: bool = False  # the mode's ModeInfo.every_agent (read by the launcher: a test may register a mode)
     tree_slots: int = 0  # cache slots beyond the positions, for a token tree's nodes (the launcher, from ModeInfo)
+    kv_positions: int = 0  # Scenario.kv_positions: K and V positions the ring holds at once (0: no budget)
     warm_windows: bool = False  # the links are kernel TCP over the delay (Shaper.warm_windows): warm them first

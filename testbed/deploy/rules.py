@@ -158,8 +158,11 @@ def apply_hardware(stages: list[Any], geometry: ModelPreset | None, own: dict[st
             raise ConfigError(f"stage {st.name!r} holds {need / 1e9:.1f} GB of {geometry.name} in {geometry.dtype}; "
                               f"{st.devices} x {hw.name} have {hw.memory_gb * st.devices:g} GB (add devices)",
                               source=source, key=f"stages[{i}].devices")
+        roofline = stage_roofline(geometry, shares[i], hw, st.devices)
+        out[i] = replace(st, kv_room_bytes=hw.memory_gb * 1e9 * st.devices - need,
+                         kv_position_bytes=roofline.kv_bytes_per_position)
         if st.compute_ms == 0:  # compute_ms, when given, overrides the roofline
-            out[i] = replace(st, roofline=stage_roofline(geometry, shares[i], hw, st.devices).scaled(scale))
+            out[i] = replace(out[i], roofline=roofline.scaled(scale))
     return out
 
 

@@ -76,7 +76,7 @@ class Launcher:
                             roofline=st.roofline, kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
                             lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots,
-                            warm_windows=self.shaper.warm_windows)
+                            kv_positions=sc.kv_positions, warm_windows=self.shaper.warm_windows)
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner=mode.runner_path("EdgeClient"), model=sc.model,

@@ -81,6 +81,14 @@ class Scenario:
         return sum(link.delay_ms for link in self.ring) / 1e3
 
     @property
+    def kv_positions(self) -> int:
+        """Positions of K and V the ring holds at once: the stage with the least room for them decides (its devices'
+        memory beside its share of the [geometry]'s weights, over the K and V of one position on its layers); 0 where
+        no stage has hardware to say (no budget)."""
+        rooms = [int(st.kv_room_bytes // st.kv_position_bytes) for st in self.stages if st.kv_position_bytes > 0]
+        return max(0, min(rooms)) if rooms else 0
+
+    @property
     def emulated_compute_s(self) -> float:
         return sum(stage.cost_ms() for stage in self.stages) / 1e3
 

@@ -33,6 +33,10 @@ class StageConfig:
     devices: int = 1
     profile: str | None = None  # a measured profile's file (testbed.deploy.profile): replaces the roofline
     roofline: Roofline | None = None  # derived, not a TOML key (None where compute_ms is given)
+    # derived from [geometry] and the hardware's memory (testbed.deploy.rules.apply_hardware), not TOML keys: the
+    # bytes its devices have left beside its weights, and the K and V of one position on its layers (0: unknown)
+    kv_room_bytes: float = 0.0
+    kv_position_bytes: float = 0.0
 
     def cost_ms(self, n_tok: int = 1, batch: int = 1, context: int = 0) -> float:
         """A forward pass over n_tok positions of each of `batch` streams attending to `context` positions."""
@@ -41,7 +45,7 @@ class StageConfig:
         return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
 
 
-STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline"}  # the head's from [placement]
+STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline", "kv_room_bytes", "kv_position_bytes"}  # the head's from [placement]
 
 
 def stage_from_dict(st: object, i: int, source: str, scale: float) -> StageConfig:

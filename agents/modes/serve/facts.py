@@ -116,7 +116,7 @@ class ServeSummary(JsonRecord):
     saturation), and every request's record (the study writes them as JSON lines)."""
 
     workload: str  # what was served: arrivals, lengths, count, seed, concurrency cap
-    cap: int  # requests in the ring at once at most (decode.streams, or workload.max_concurrency below it)
+    cap: int  # requests in the ring at once at most (decode.streams, workload.max_concurrency, or the KV budget)
     measured: ServingMetrics
     wall_tpot_ms: float  # a request alone: a token a lap, C + T_ring
     light_ttft_ms: float  # a request alone, the workload's mean prompt: Eq. 5, C_prefill(P) + T_ring
@@ -125,6 +125,7 @@ class ServeSummary(JsonRecord):
     records: tuple[RequestRecord, ...] = ()
     running: int = 0  # requests in the ring at the entry's latest step (live: the dashboard's)
     waiting: int = 0  # and in its queue
+    kv_positions: int = 0  # K and V positions the ring's memory holds (Scenario.kv_positions; 0: no budget)
 
     @property
     def headline(self) -> tuple[float, float | None, float | None]:

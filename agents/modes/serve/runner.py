@@ -76,6 +76,12 @@ class Request:
     def generated(self) -> int:
         return len(self.ids)
 
+    @property
+    def kv_need(self) -> int:
+        """The K and V positions it holds at its end, reserved when it is admitted: its prompt and output tokens (the
+        [geometry]'s: a synthetic prompt stands for its requested length)."""
+        return self.spec.prompt_tokens + self.spec.output_tokens
+
     def ended(self, at: float) -> RequestRecord:
         """Its record: completed, or aborted with what it got until `at`."""
         return RequestRecord(
@@ -99,6 +105,9 @@ class ServeMode(StreamsMode):
         self.settings = config.settings(ServeSettings)
         self.cap = min(config.streams, self.settings.max_concurrency or config.streams)
         self.free_slots = list(range(self.cap))  # a heap: the lowest free slot first (deterministic)
+        # the KV budget (Scenario.kv_positions; 0: none): an admitted request holds its whole KV until it ends, so
+        # one is admitted only while the others' and its own fit (no preemption, unlike vLLM's paged blocks)
+        self.kv_budget, self.kv_held = ring.spec.kv_positions, 0
         self.waiting: collections.deque[Request] = collections.deque()
         self.slots: dict[int, Request] = {}  # admitted and not ended, by slot
         self.joining: list[Request] = []  # first token sampled, waiting for the convoy's next departure
@@ -134,6 +143,9 @@ class ServeMode(StreamsMode):
         if not prompt_ids or max_tokens < 1 or len(prompt_ids) + max_tokens > self.block_size:
             raise ValueError(f"a request needs 1 <= prompt tokens, 1 <= max_tokens and their sum <= "
                              f"{self.block_size}, got {len(prompt_ids)} and {max_tokens}")
+        if self.kv_budget and len(prompt_ids) + max_tokens > self.kv_budget:
+            raise ValueError(f"a request's prompt and max_tokens ({len(prompt_ids) + max_tokens} positions) exceed the "
+                             f"KV cache the ring's memory holds ({self.kv_budget} positions)")
         index, self.next_index = self.next_index, self.next_index + 1
         now = self.ring.clock.now()
         spec = RequestSpec(index, now - self.origin, len(prompt_ids), max_tokens)
@@ -193,6 +205,7 @@ class ServeMode(StreamsMode):
             del self.slots[request.index]
             heapq.heappush(self.free_slots, request.index)
             request.index = -1
+            self.kv_held -= request.kv_need
         if request.tokens is not None:
             request.tokens.close()
 
@@ -284,7 +297,16 @@ class ServeMode(StreamsMode):
     async def admit(self) -> None:
         """Admit from the queue's head while there is a free slot: each prompt leaves at once as its own frame."""
         while self.waiting and self.free_slots:
+            need = self.waiting[0].kv_need
+            if self.kv_budget and need > self.kv_budget:  # it can never fit: refused as it comes to the head
+                refused = self.waiting.popleft()
+                refused.aborted = True
+                self.end(refused, self.ring.clock.now())
+                continue
+            if self.kv_budget and self.kv_held + need > self.kv_budget:
+                return  # the head of the queue waits for KV to free (first come, first served)
             request = self.waiting.popleft()
+            self.kv_held += need
             request.index = heapq.heappop(self.free_slots)
             self.slots[request.index] = request
             request.sequence = list(request.prompt)

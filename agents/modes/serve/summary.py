@@ -25,8 +25,13 @@ def requests_of(laps: Iterable[LapRecord]) -> list[RequestRecord]:
 
 
 def cap_of(scenario: Scenario) -> int:
+    """Requests in the ring at once at most: decode.streams, workload.max_concurrency below it, or as many of the
+    workload's mean request (prompt and output positions, each holding its KV to its end) as the KV budget holds."""
     settings = scenario.decode.settings(ServeSettings)
-    return min(scenario.decode.streams, settings.max_concurrency or scenario.decode.streams)
+    cap = min(scenario.decode.streams, settings.max_concurrency or scenario.decode.streams)
+    if scenario.kv_positions:
+        cap = min(cap, max(1, scenario.kv_positions // (settings.prompt_tokens + settings.output_tokens)))
+    return cap
 
 
 def prefill_s(scenario: Scenario, prompt_tokens: int) -> float:
@@ -97,7 +102,7 @@ def summarize_records(records: Sequence[RequestRecord], scenario: Scenario, runn
         wall_tpot_ms=model.lap_s(1) * 1e3, light_ttft_ms=prefill_s(scenario, max(1, mean_prompt)) * 1e3,
         ceiling_tok_s=model.cap / model.lap_s(model.cap),
         predicted=prediction,
-        records=tuple(records), running=running, waiting=waiting)
+        records=tuple(records), running=running, waiting=waiting, kv_positions=scenario.kv_positions)
 
 
 def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> ServeSummary | None:
