@@ -261,3 +261,26 @@ def test_the_kv_budget_caps_the_requests_in_the_ring_and_refuses_one_that_never_
     assert admitted[3] > min(r.finished for r in records) - 1e-12  # the fourth waits for one to end
     summary, records, _ = served(kv_scenario(0.5, arrival="constant", rate=1.0, requests=2))
     assert all(r.aborted and not r.output_tokens for r in records)  # 20 positions > the ~10 the memory holds
+
+
+def test_chunked_prompts_are_pipelined_over_the_ring_and_change_no_token():
+    """decode.prefill_chunk: a request's prompt goes in chunks back to back; alone on the ring its TTFT is the
+    pipelined form (physics.ttft_pipelined), below the whole prompt's Eq. 5, and its tokens are the same."""
+    def scenario(chunk: int):
+        return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS, "prefill_ms_per_token": 1.0}
+                                              for i in range(3)],
+                                   "network": {"hops_ms": HOPS_MS},
+                                   "decode": {"mode": "serve", "streams": 2, "prefill_chunk": chunk},
+                                   "workload": {"arrival": "constant", "rate": 0.01, "requests": 2, "prompt_tokens": 40,
+                                                "output_tokens": 4}}, "<test>")
+
+    whole, whole_records, _ = served(scenario(0))
+    chunked, records, log = served(scenario(8))
+    assert [r.ids for r in records] == [r.ids for r in whole_records] and all(r.completed for r in records)
+    ttft = [r.first_token - r.admitted for r in records]
+    assert ttft == pytest.approx([chunked.serve.light_ttft_ms / 1e3] * 2, rel=EXACT)
+    assert [r.first_token - r.admitted for r in whole_records] == pytest.approx([whole.serve.light_ttft_ms / 1e3] * 2,
+                                                                                 rel=EXACT)
+    assert chunked.serve.light_ttft_ms < whole.serve.light_ttft_ms  # 5 chunks overlap on 3 stages: 134 vs 162 ms
+    chunks = [lap for lap in log.laps if lap.kind == "prefill" and lap.facts is not None and lap.n_tok == 8]
+    assert len(chunks) >= 2 * 4  # each prompt's four chunks before its last came back as laps of their own

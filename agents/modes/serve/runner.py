@@ -44,6 +44,7 @@ from agents.process.ring import RingClient
 from agents.zoo.prompts import synthetic
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError, PeerTimeout, WireError
+from testbed.core.facts import PrefillChunk
 from testbed.core.records import LapRecord
 
 
@@ -71,6 +72,8 @@ class Request:
     aborted: bool = False
     record: RequestRecord | None = None
     tokens: trio.MemorySendChannel | None = None  # a submitted request's tokens, as they are sampled
+    # decode.prefill_chunk: its prompt's chunks before the last, out on the ring: lap -> (sent, tokens, chunk, chunks)
+    chunks_out: dict[int, tuple[float, int, int, int]] = field(default_factory=dict)
 
     @property
     def generated(self) -> int:
@@ -113,6 +116,7 @@ class ServeMode(StreamsMode):
         self.joining: list[Request] = []  # first token sampled, waiting for the convoy's next departure
         self.convoy_out = False
         self.prefills_out = 0
+        self.chunk_laps: list[LapRecord] = []  # prefill chunks back since the last report (no token: NO_SAMPLE)
         self.ended: list[RequestRecord] = []  # ended since the last report
         self.generated = 0
         self.origin = 0.0  # the workload's start on the ring's clock
@@ -312,8 +316,33 @@ class ServeMode(StreamsMode):
             request.sequence = list(request.prompt)
             start = self.ring.clock.now()
             request.admitted = start
-            await self.front([request], prefill=True, step_start=start)
+            chunk = self.config.prefill_chunk
+            if 0 < chunk < len(request.prompt) and self.ring.n_stages > 1:
+                await self.prefill_chunks(request, chunk)
+            else:
+                await self.front([request], prefill=True, step_start=start)
             self.prefills_out += 1
+
+    async def prefill_chunks(self, request: Request, chunk: int) -> None:
+        """decode.prefill_chunk: the prompt in chunks sent back to back, pipelined over the stages (as
+        agents.process.prefill does for plain decode), each padded to its cost at the entry; the last is the
+        request's prefill lap (its first token), the earlier ones come back flagged NO_SAMPLE, without one."""
+        clock, ring = self.ring.clock, self.ring
+        blocks = [(request.prompt[i:i + chunk], i) for i in range(0, len(request.prompt), chunk)]
+        for j, (block, pos) in enumerate(blocks):
+            start = clock.now()
+            hidden = self.stage.embed_and_run(block, pos, request.index)
+            real_end = clock.now()
+            await clock.sleep_until(start + max(ring.cost_s(len(block), 1, pos), ring.dilation * (real_end - start)))
+            lap, self.lap_no = self.lap_no, self.lap_no + 1
+            last = j == len(blocks) - 1
+            frame = wire.Frame(wire.Kind.HIDDEN, stream=request.index, lap=lap, pos=pos, tensor=hidden,
+                               flags=0 if last else wire.NO_SAMPLE)
+            await ring.send(ring.stamped(frame, start, start, real_end, clock.now(), hidden))
+            if last:
+                request.lap, request.kind, request.n_tok, request.start = lap, "prefill", len(block), start
+            else:
+                request.chunks_out[lap] = (start, len(block), j, len(blocks))
 
     def returned(self, items: list[tuple[wire.Frame, float]]) -> list[tuple[Request, wire.Frame, float]]:
         """The requests whose frames came back (a BATCH frame's rows each), each checked to be a lap in flight."""
@@ -321,6 +350,11 @@ class ServeMode(StreamsMode):
         for frame, recv in items:
             for slot, lap in lap_rows(frame, "a request's lap"):
                 request = self.slots.get(slot)
+                if request is not None and lap in request.chunks_out:  # a prompt's chunk before its last
+                    start, n_tok, j, n = request.chunks_out.pop(lap)
+                    self.chunk_laps.append(LapRecord(lap, "prefill", self.ring.mode, n_tok, 0, start, recv,
+                                                     tuple(frame.stamps), recv, facts=PrefillChunk(j, n), stream=slot))
+                    continue
                 if request is None or lap != request.lap:
                     raise WireError(f"expected a request's lap back, got {frame.kind.name} slot {slot} lap {lap}")
                 arrivals.append((request, frame, recv))
@@ -332,6 +366,11 @@ class ServeMode(StreamsMode):
         clock = self.ring.clock
         step_start = clock.now()
         arrivals = self.returned(items)
+        for record in self.chunk_laps:  # each its own frame, stamps and start
+            self.ring.report(record)
+        self.chunk_laps = []
+        if not arrivals:  # only chunks before a prompt's last came back
+            return
         stamps: dict[int, tuple] = {}
         for _, frame, _ in arrivals:  # unpacked once a frame
             if id(frame) not in stamps:

@@ -3,6 +3,7 @@ every request, agents.modes.serve.slo, beside the queueing model's prediction, a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from agents.modes.serve.facts import ServeLap, ServeSummary
@@ -35,15 +36,31 @@ def cap_of(scenario: Scenario) -> int:
 
 
 def prefill_s(scenario: Scenario, prompt_tokens: int) -> float:
-    """Eq. 5 per hop (physics.ttft_hops): a prompt alone on the ring, from its admission to its first token. Each
-    stage's emulated pass over the prompt (StageConfig.cost_ms) and each hop's frame (header, the stamps so far,
-    the prompt's hidden state: an upper bound under a compressing codec) at the hop's rate."""
-    compute_s = sum(st.cost_ms(prompt_tokens, 1, prompt_tokens) for st in scenario.stages) / 1e3
+    """Eq. 5 per hop: a prompt alone on the ring, from its admission to its first token. Each stage's emulated pass
+    over the prompt (StageConfig.cost_ms) and each hop's frame (header, the stamps so far, the prompt's hidden state:
+    an upper bound under a compressing codec) at the hop's rate. With decode.prefill_chunk the chunks go back to back,
+    pipelined over the stages and hops (physics.ttft_pipelined); one chunk is physics.ttft_hops."""
     ring = scenario.ring
-    payload = hidden_bytes(scenario, prompt_tokens)
-    sizes = [wire.HEADER.size + (i + 1) * wire.STAMP.size + payload for i in range(len(ring))]
-    return physics.ttft_hops(compute_s, [link.delay_ms / 1e3 for link in ring], sizes,
-                             [link.rate_bytes_s for link in ring])
+    rates = [link.rate_bytes_s for link in ring]
+    chunk = scenario.decode.prefill_chunk
+    if not 0 < chunk < prompt_tokens or not ring:
+        compute_s = sum(st.cost_ms(prompt_tokens, 1, prompt_tokens) for st in scenario.stages) / 1e3
+        return physics.ttft_hops(compute_s, [link.delay_ms / 1e3 for link in ring],
+                                 frame_sizes(scenario, prompt_tokens), rates)
+    service = []
+    for pos in range(0, prompt_tokens, chunk):
+        n = min(chunk, prompt_tokens - pos)
+        row = []
+        for st, size, rate in zip(scenario.stages, frame_sizes(scenario, n), rates):
+            row += [st.cost_ms(n, 1, pos + n) / 1e3, 0.0 if math.isinf(rate) else size / rate]
+        service.append(row)
+    return physics.ttft_pipelined(service, scenario.t_ring_s)
+
+
+def frame_sizes(scenario: Scenario, positions: int) -> list[int]:
+    """Each ring hop's frame of `positions` positions: its header, the stamps so far and the hidden state."""
+    payload = hidden_bytes(scenario, positions)
+    return [wire.HEADER.size + (i + 1) * wire.STAMP.size + payload for i in range(len(scenario.ring))]
 
 
 def run_forecast(scenario: Scenario, lap_s: float) -> tuple[float, float, int]:
