@@ -15,7 +15,7 @@ from agents.modes.serve.facts import ServeSummary
 from dashboards.render import MODE_VIEWS, render, render_line, render_summary
 from testbed.core.summary import RunSummary
 from testbed.launch.runlog import RunLog
-from tests.ringutil import run
+from tests.ringutil import ring_scenario, run
 from tests.test_serve_mode import serve_scenario
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -171,9 +171,10 @@ def test_the_final_table_shows_aborted_requests_and_no_slo_rows_without_targets(
 
 def test_every_mode_view_is_silent_outside_its_mode(served):
     """The seam render.py loops over: a mode's line, figures and table are None or empty for another mode's run."""
-    assert len(MODE_VIEWS) >= 2
+    assert len(MODE_VIEWS) >= 3
+    overlap = run(ring_scenario([0.0, 0.0, 0.0], compute_ms=1.0, tokens=12, mode="overlap", k=2, window=2))
     for view in MODE_VIEWS:
-        shown = [summary for summary in (PLAIN, STREAMS, served)
+        shown = [summary for summary in (PLAIN, STREAMS, served, overlap)
                  if view.line(summary, True) is not None or view.parts(summary) or view.table([summary]) is not None]
         assert len(shown) == 1, (view, [s.mode for s in shown])  # its own run only
         assert view.line(PLAIN, True) is None and view.parts(PLAIN) == [] and view.table([PLAIN]) is None

@@ -284,3 +284,28 @@ def test_chunked_prompts_are_pipelined_over_the_ring_and_change_no_token():
     assert chunked.serve.light_ttft_ms < whole.serve.light_ttft_ms  # 5 chunks overlap on 3 stages: 134 vs 162 ms
     chunks = [lap for lap in log.laps if lap.kind == "prefill" and lap.facts is not None and lap.n_tok == 8]
     assert len(chunks) >= 2 * 4  # each prompt's four chunks before its last came back as laps of their own
+
+
+def spec_serving(speculate: int, rate: float, requests: int = 8):
+    return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS} for i in range(3)],
+                               "network": {"hops_ms": HOPS_MS},
+                               "decode": {"mode": "serve", "streams": 4, "speculate": speculate, "draft_ms": 2.0},
+                               "workload": {"arrival": "poisson", "rate": rate, "requests": requests,
+                                            "prompt_tokens": 24, "output_tokens": 20, "seed": 2}}, "<test>")
+
+
+def test_speculation_while_serving_keeps_every_token_and_laps_at_its_closed_form():
+    """decode.speculate = K: each running request drafts K tokens a lap (the trained draft), the convoy carries
+    [last, K drafts] a row and the rule keeps what the target agrees with. Greedy tokens are plain serving's under
+    load; alone on the ring a request's decode is its laps x (K c_d + C(K + 1) + T_ring) exactly, Gamma tokens a lap."""
+    plain, plain_records, _ = served(spec_serving(0, rate=40.0))
+    spec, records, _ = served(spec_serving(4, rate=40.0))
+    assert [r.ids for r in records] == [r.ids for r in plain_records] and all(r.completed for r in records)
+    assert spec.serve.tokens_per_lap > 1.5 and spec.serve.measured.median_tpot_ms < plain.serve.measured.median_tpot_ms
+    light, records, _ = served(spec_serving(4, rate=0.01, requests=2))
+    lap_s = (3 * STAGE_MS + 4 * 2.0 + sum(HOPS_MS)) / 1e3  # stages' compute_ms is per pass, whatever its length
+    for r in records:
+        assert r.finished - r.first_token == pytest.approx(len(set(r.token_times[1:])) * lap_s, rel=EXACT)
+    assert light.serve.wall_tpot_ms == pytest.approx(lap_s / light.serve.tokens_per_lap * 1e3, rel=EXACT)
+    with pytest.raises(ConfigError, match="decode.speculate"):
+        spec_serving(-1, rate=1.0)

@@ -123,11 +123,26 @@ def test_search_says_why_when_light_load_misses_the_slo():
     assert "missed at every rate" in result.search.reason and "313.0 ms" in result.search.reason
 
 
-def test_compare_says_what_it_cannot_measure():
-    from testbed.studies.serve.compare import speculation_row
+def test_the_speculation_row_serves_both_and_speculation_meets_a_tpot_plain_decode_cannot():
+    """A TPOT target under the geo ring's wall (313 ms): plain decode misses it at every rate; speculating (K 4, a
+    calibrated draft at alpha 0.9, c_d 5 ms: a 333 ms lap over Gamma ~4 tokens) meets it up to some rate, which the
+    search finds."""
+    import trio
 
-    row = speculation_row()
-    assert row.kind == "speculation" and not row.variants and "does not speculate" in row.note
+    from testbed.studies import STUDIES
+    from testbed.studies.serve.compare import compare_speculation
+    from testbed.studies.serve.measure import parse_goodput, serving_scenario
+    from testbed.studies.serve.search import Server
+
+    args = STUDIES["serve"].parser().parse_args(["geo-ring", "--requests", "4", "--prompt-tokens", "16",
+                                                 "--output-tokens", "8", "--streams", "4", "--goodput", "tpot:250",
+                                                 "--set", "decode.draft=calibrated", "--set", "decode.alpha=0.9"])
+    scenario = serving_scenario(args, parse_goodput(args.goodput))
+    row = trio.run(compare_speculation, Server(scenario, "geo-ring", args, 90.0, lambda m: None), args, 90.0,
+                   lambda m: None)
+    plain, speculating = row.variants
+    assert row.kind == "speculation" and plain.search.highest_met_req_s is None
+    assert speculating.search.highest_met_req_s is not None and "speculating (K 4)" in row.note
 
 
 @pytest.mark.parametrize("argv, flag", [

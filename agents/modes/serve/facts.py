@@ -126,6 +126,7 @@ class ServeSummary(JsonRecord):
     running: int = 0  # requests in the ring at the entry's latest step (live: the dashboard's)
     waiting: int = 0  # and in its queue
     kv_positions: int = 0  # K and V positions the ring's memory holds (Scenario.kv_positions; 0: no budget)
+    tokens_per_lap: float = 1.0  # Gamma: a request's tokens a lap after its first (decode.speculate; 1: plain)
 
     @property
     def headline(self) -> tuple[float, float | None, float | None]:

@@ -113,3 +113,12 @@ class EndpointSettings(ModeSettings):
 
     def time_scaled(self, factor: float) -> EndpointSettings:
         return self  # HTTP clients live on the box's clock: the endpoint is never dilated (the CLI runs it at D = 1)
+
+
+@dataclass(frozen=True)
+class ServeSpecSettings(ModeSettings):
+    """Speculation while serving ([decode] speculate = K): every running request drafts K tokens a lap with
+    decode.draft (its own draft cache), the convoy carries each one's [last token, K drafts], and the return verifies
+    them with the exact rule (agents.modes.speculative.verify). 0: plain decode."""
+
+    speculate: int = setting(0, between(0, 64, integer=True))

@@ -3,13 +3,14 @@ every request, agents.modes.serve.slo, beside the queueing model's prediction, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from agents.modes.serve.facts import ServeLap, ServeSummary
+from agents.modes.serve.facts import Prediction, ServeLap, ServeSummary
 from agents.modes.serve.queueing import RingModel, predict
 from agents.modes.serve.requests import RequestRecord, RequestSpec
-from agents.modes.serve.settings import ServeSettings
+from agents.modes.serve.settings import ServeSettings, ServeSpecSettings
 from agents.modes.serve.slo import serving_metrics
 from agents.modes.serve.workload import read_trace
 from agents.process import wire
@@ -78,8 +79,12 @@ def run_forecast(scenario: Scenario, lap_s: float) -> tuple[float, float, int]:
 
 
 def ring_model(scenario: Scenario) -> RingModel:
-    """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt."""
-    return RingModel(compute_s=scenario.emulated_compute_s,
+    """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt. Under
+    decode.speculate a lap is the K drafts (K c_d, one batched pass each) and the stages' passes over K + 1 positions."""
+    k = scenario.decode.settings(ServeSpecSettings).speculate
+    compute = (sum(st.cost_ms(k + 1) for st in scenario.stages) + k * scenario.decode.draft_ms) / 1e3 if k else \
+        scenario.emulated_compute_s
+    return RingModel(compute_s=compute,
                      per_token_s=sum(st.per_token_ms for st in scenario.stages) / 1e3,
                      t_ring_s=scenario.t_ring_s, cap=cap_of(scenario),
                      ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens))
@@ -107,19 +112,43 @@ def summarize_records(records: Sequence[RequestRecord], scenario: Scenario, runn
     settings = scenario.decode.settings(ServeSettings)
     measured = serving_metrics(records, settings.goodput_targets())
     model = ring_model(scenario)
+    gamma = tokens_per_lap(records) if scenario.decode.settings(ServeSpecSettings).speculate else 1.0
     origin = min(r.arrival for r in records)
     specs = [RequestSpec(r.index, r.arrival - origin, max(1, r.prompt_tokens), max(1, r.output_tokens))
              for r in records if r.completed]
     prediction = None
     if specs:  # the requests as they ran: their arrivals (their own rate and burstiness), lengths clipped to the context
-        prediction = predict(model, specs)
+        prediction = predict(model, specs) if gamma == 1.0 else predict_speculating(model, specs, gamma)
     mean_prompt = round(sum(r.prompt_tokens for r in records) / len(records))
     return ServeSummary(
         workload=describe(settings, model.cap), cap=model.cap, measured=measured,
-        wall_tpot_ms=model.lap_s(1) * 1e3, light_ttft_ms=prefill_s(scenario, max(1, mean_prompt)) * 1e3,
-        ceiling_tok_s=model.cap / model.lap_s(model.cap),
+        wall_tpot_ms=model.lap_s(1) / gamma * 1e3, light_ttft_ms=prefill_s(scenario, max(1, mean_prompt)) * 1e3,
+        ceiling_tok_s=model.cap * gamma / model.lap_s(model.cap), tokens_per_lap=gamma,
         predicted=prediction,
         records=tuple(records), running=running, waiting=waiting, kv_positions=scenario.kv_positions)
+
+
+def tokens_per_lap(records: Sequence[RequestRecord]) -> float:
+    """Gamma while serving with speculation: the tokens a request keeps a lap after its first (a lap's tokens share
+    their time), over the requests that decoded."""
+    tokens = laps = 0
+    for r in records:
+        tokens += max(0, len(r.token_times) - 1)
+        laps += len(set(r.token_times[1:]))
+    return tokens / laps if laps else 1.0
+
+
+def predict_speculating(model: RingModel, specs: Sequence[RequestSpec], gamma: float) -> Prediction:
+    """The queueing model with Gamma tokens a lap: a request of n outputs rides the convoy (n - 1) / Gamma laps (the
+    nearest whole number), so the model runs on those laps; a token's TPOT is a lap over Gamma, and the output rates
+    count tokens."""
+    laps = [dataclasses.replace(s, output_tokens=1 + round((s.output_tokens - 1) / gamma)) for s in specs]
+    p = predict(model, laps)
+    mean_output = sum(s.output_tokens for s in specs) / len(specs)
+    return dataclasses.replace(p, **{f"{stat}_tpot_ms": getattr(p, f"{stat}_tpot_ms") / gamma
+                                     for stat in ("mean", "median", "p90", "p99")},
+                               output_throughput=p.request_throughput * mean_output,
+                               saturation_output_tok_s=p.saturation_output_tok_s * gamma)
 
 
 def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> ServeSummary | None:

@@ -1,19 +1,21 @@
 """The serve study's comparisons (issue 54 item 7), a row each: the geo ring against the same ring co-located, the
 highest rate each serves within the SLO; regional-first placement (which does not exist: the row says so, and
 serves the place study's best ring order beside the scenario's own where the scenario has [regions]); speculation
-on vs off (the serve runner does not speculate yet: the row says so)."""
+on vs off (decode.speculate, K 4 unless the scenario sets it), the highest rate each serves within the SLO."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
+from agents.modes.serve.settings import ServeSpecSettings
 from agents.modes.serve.summary import ring_model
 from testbed.scenario.config import Scenario
 from testbed.studies.base import make_scenario
 from testbed.studies.serve.result import Comparison, ServeVariant
 from testbed.studies.serve.search import Server, knee_of, rounded, search
 
+SPEC_K = 4  # the speculation row's K where the scenario sets no decode.speculate
 PLACEMENT_LOAD = 0.75  # the placement row serves both orders at this fraction of the as-given ring's knee
 COLOCATED = "co-located (every hop 0 ms)"
 
@@ -27,19 +29,22 @@ def colocated(scenario: Scenario) -> Scenario:
 
 def variant_of(scenario: Scenario, label: str) -> ServeVariant:
     model = ring_model(scenario)
-    return ServeVariant(label, scenario.t_ring_s, scenario.emulated_compute_s, knee_of(scenario),
-                        model.lap_s(1) * 1e3)
+    return ServeVariant(label, scenario.t_ring_s, model.compute_s, knee_of(scenario), model.lap_s(1) * 1e3)
 
 
-async def compare_colocated(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
-    log("compare: geo ring vs the same ring co-located, the highest rate each serves within the SLO")
-    near = Server(colocated(geo.scenario), COLOCATED, args, target_pct, log)
+async def highest_within(servers: tuple[Server, Server]) -> list[ServeVariant]:
+    """Each server's variant with the highest rate it serves within the SLO (search) and its rows."""
     variants = []
-    for server in (geo, near):
+    for server in servers:
         variant = variant_of(server.scenario, server.label)
-        found = await search(server, variant.knee_rate_req_s, target_pct)
+        found = await search(server, variant.knee_rate_req_s, server.target_pct)
         variants.append(dataclasses.replace(variant, search=found,
                                             rows=server.measured(r for r in server.rows)))
+    return variants
+
+
+def highest_text(variants: list[ServeVariant], first: str, second: str) -> str:
+    """"the highest rate within the SLO: A x req/s, B y req/s (ratio)" of two variants."""
 
     def highest(variant: ServeVariant) -> str:
         found = variant.search
@@ -49,8 +54,14 @@ async def compare_colocated(geo: Server, args: argparse.Namespace, target_pct: f
     far, close = (v.search.highest_met_req_s for v in variants)
     bound = "at least " if variants[1].search.lowest_missed_req_s is None else ""
     ratio = f" ({bound}{close / far:.3g}x)" if far and close and variants[0].search.lowest_missed_req_s else ""
-    return Comparison("colocated", "geo ring vs co-located ring", f"the highest rate within the SLO: {geo.label} "
-                      f"{highest(variants[0])}, co-located {highest(variants[1])}{ratio}", tuple(variants))
+    return f"the highest rate within the SLO: {first} {highest(variants[0])}, {second} {highest(variants[1])}{ratio}"
+
+
+async def compare_colocated(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
+    log("compare: geo ring vs the same ring co-located, the highest rate each serves within the SLO")
+    variants = await highest_within((geo, Server(colocated(geo.scenario), COLOCATED, args, target_pct, log)))
+    return Comparison("colocated", "geo ring vs co-located ring", highest_text(variants, geo.label, "co-located"),
+                      tuple(variants))
 
 
 async def compare_placement(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
@@ -77,7 +88,17 @@ async def compare_placement(geo: Server, args: argparse.Namespace, target_pct: f
                       f"{rate:.4g} req/s ({PLACEMENT_LOAD:g} x the knee)", tuple(variants))
 
 
-def speculation_row() -> Comparison:
+async def compare_speculation(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
+    """Speculation on vs off: the scenario served with decode.speculate = K (its own, else SPEC_K) and without, the
+    highest rate each serves within the SLO. Speculation shortens TPOT at light load; its K + 1 positions a row cost
+    the stages more a lap, so under load the two may cross."""
+    decode = geo.scenario.decode
+    k = decode.settings(ServeSpecSettings).speculate or SPEC_K
+    servers = tuple(Server(dataclasses.replace(geo.scenario, decode=decode.with_settings(ServeSpecSettings,
+                                                                                         speculate=n)), label,
+                           args, target_pct, log) for n, label in ((0, "plain"), (k, f"speculating K {k}")))
+    log(f"compare: speculation (K {k}, draft {decode.draft}, c_d {decode.draft_ms:g} ms) vs plain, the highest rate "
+        "each serves within the SLO")
+    variants = await highest_within(servers)
     return Comparison("speculation", "speculation on vs off across load",
-                      "not measured: the serve runner decodes every request plainly (agents/modes/serve/runner.py "
-                      "does not speculate yet), so there is no crossover rate to find")
+                      highest_text(variants, "plain", f"speculating (K {k})"), tuple(variants))

@@ -16,7 +16,7 @@ prediction (agents.modes.serve.queueing) and the model's own error per percentil
   SLO. Regional-first placement: no such ordering exists in the testbed (testbed/scenario/placement.py places the
   head, the KV and the draft; the place study searches ring orders by T_ring), so the row says so, and where the
   scenario has [regions] it serves the place study's best order beside the scenario's own at PLACEMENT_LOAD of the
-  knee. Speculation on vs off: the serve runner does not speculate yet, and the row says that instead of a number.
+  knee. Speculation on vs off (decode.speculate): the highest rate each serves within the SLO.
 
 Every rate runs the same seed: the same request lengths and the same arrival pattern stretched (common random
 numbers, agents.modes.serve.workload), so two rows differ by their rate.
@@ -42,7 +42,7 @@ from testbed.scenario.config import Scenario
 from testbed.scenario.validate import listed
 from testbed.studies.base import (dilation_cell, ensure_models_on, log_to, make_scenario, plan_runs, print_tables,
                                   results_path, write_json)
-from testbed.studies.serve.compare import compare_colocated, compare_placement, speculation_row
+from testbed.studies.serve.compare import compare_colocated, compare_placement, compare_speculation
 from testbed.studies.serve.result import Comparison, ServeResult, ServeRow
 from testbed.studies.serve.search import Server, knee_of, rounded, search
 from testbed.studies.style import DASH
@@ -144,7 +144,8 @@ async def measure(args: argparse.Namespace, scenario: Scenario, rates: list[floa
     comparisons: tuple[Comparison, ...] = ()
     if args.compare:
         comparisons = (await compare_colocated(server, args, target_pct, log),
-                       await compare_placement(server, args, target_pct, log), speculation_row())
+                       await compare_placement(server, args, target_pct, log),
+                       await compare_speculation(server, args, target_pct, log))
     return ServeResult(
         scenario=scenario.name, shaper=server.shaper, stages=scenario.n_stages, t_ring_s=scenario.t_ring_s,
         compute_s=scenario.emulated_compute_s, cap=cap_of(scenario), settings=settings, goodput=settings.goodput,

@@ -17,8 +17,9 @@ tokens as one BATCH frame) with requests coming and going. The policy, which age
 The entry is one server: a step (heads, the convoy's front, the prefills it admits) is padded to its emulated cost;
 arrivals during it wait for its end (their queueing counts from arrival). The records of the requests that ended in a
 step ride on the first lap it reports (ServeLap, with the running and waiting counts): the laps' path to the launcher.
-Not yet (docs/modes/serve.md): chunked prefill, prompts past the model's context (clipped), shipped KV, heads off
-the entry.
+Chunked prefill (decode.prefill_chunk: runner/prefill.py), speculation (decode.speculate: runner/speculating.py) and
+the KV budget (Scenario.kv_positions) are documented in docs/modes/serve.md. Not yet: prompts past the model's context
+(clipped), shipped KV, heads off the entry.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import collections
 import dataclasses
 import heapq
 import math
-from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import torch
@@ -36,8 +35,12 @@ import trio
 
 from agents.modes.serve.facts import ServeLap
 from agents.modes.serve.requests import RequestRecord, RequestSpec, Submitted
-from agents.modes.serve.settings import EndpointSettings, ServeSettings
+from agents.modes.serve.runner.prefill import ChunkedPrefill
+from agents.modes.serve.runner.request import Request
+from agents.modes.serve.runner.speculating import Speculating
+from agents.modes.serve.settings import EndpointSettings, ServeSettings, ServeSpecSettings
 from agents.modes.serve.workload import generate
+from agents.modes.speculative.runner import Drafter, PositionRandom
 from agents.modes.streams.runner import StreamsMode, lap_rows, unique_frames
 from agents.process import wire
 from agents.process.ring import RingClient
@@ -51,50 +54,7 @@ from testbed.core.records import LapRecord
 HTTP_GRACE_S = 5.0  # the endpoint's last responses, written after the ring is empty (hypercorn's graceful_timeout: 3 s)
 
 
-@dataclass(eq=False)  # a request is itself: found in the queue by identity
-class Request:
-    """A request at the entry. `index` is its slot while admitted (the stream id its frames carry: StreamsMode's
-    front reads the attributes a Stream has), `spec.index` its own number."""
-
-    spec: RequestSpec
-    prompt: list[int]
-    arrival: float
-    generator: torch.Generator
-    index: int = -1  # its slot while admitted
-    sequence: list[int] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    admitted: float | None = None
-    lap: int = -1  # lap number of its frame in flight
-    kind: str = "prefill"
-    n_tok: int = 0
-    start: float = 0.0
-    aborted: bool = False
-    record: RequestRecord | None = None
-    tokens: trio.MemorySendChannel | None = None  # a submitted request's tokens, as they are sampled
-    # decode.prefill_chunk: its prompt's chunks before the last, out on the ring: lap -> (sent, tokens, chunk, chunks)
-    chunks_out: dict[int, tuple[float, int, int, int]] = field(default_factory=dict)
-
-    @property
-    def generated(self) -> int:
-        return len(self.ids)
-
-    @property
-    def kv_need(self) -> int:
-        """The K and V positions it holds at its end, reserved when it is admitted: its prompt and output tokens (the
-        [geometry]'s: a synthetic prompt stands for its requested length)."""
-        return self.spec.prompt_tokens + self.spec.output_tokens
-
-    def ended(self, at: float) -> RequestRecord:
-        """Its record: completed, or aborted with what it got until `at`."""
-        return RequestRecord(
-            index=self.spec.index, arrival=self.arrival, admitted=self.admitted,
-            first_token=self.token_times[0] if self.token_times else None, token_times=tuple(self.token_times),
-            finished=at, prompt_tokens=len(self.prompt), output_tokens=len(self.ids), aborted=self.aborted,
-            ids=tuple(self.ids))
-
-
-class ServeMode(StreamsMode):
+class ServeMode(Speculating, ChunkedPrefill, StreamsMode):
     """The serve mode's entry: run() serves the workload of [workload] (and whatever `submit` hands in while
     `keep_open`) and returns the tokens generated. It is an Engine (agents.modes.serve.requests) for the endpoint."""
 
@@ -111,12 +71,16 @@ class ServeMode(StreamsMode):
         # the KV budget (Scenario.kv_positions; 0: none): an admitted request holds its whole KV until it ends, so
         # one is admitted only while the others' and its own fit (no preemption, unlike vLLM's paged blocks)
         self.kv_budget, self.kv_held = ring.spec.kv_positions, 0
+        self.spec_k = config.settings(ServeSpecSettings).speculate
+        if self.spec_k:
+            from agents.process.shared import draft_name, shared_model
+
+            self.draft_model = shared_model(draft_name(config.draft, ring.stage.model))
         self.waiting: collections.deque[Request] = collections.deque()
         self.slots: dict[int, Request] = {}  # admitted and not ended, by slot
         self.joining: list[Request] = []  # first token sampled, waiting for the convoy's next departure
         self.convoy_out = False
         self.prefills_out = 0
-        self.chunk_laps: list[LapRecord] = []  # prefill chunks back since the last report (no token: NO_SAMPLE)
         self.ended: list[RequestRecord] = []  # ended since the last report
         self.generated = 0
         self.origin = 0.0  # the workload's start on the ring's clock
@@ -314,6 +278,11 @@ class ServeMode(StreamsMode):
             request.index = heapq.heappop(self.free_slots)
             self.slots[request.index] = request
             request.sequence = list(request.prompt)
+            if self.spec_k:  # a draft cache of its own, its draws keyed by (request, position): common random numbers
+                request.drafter = Drafter(self.draft_model, self.config.draft, self.config.alpha,
+                                          self.config.temperature, self.config.draft_ms / 1e3,
+                                          PositionRandom(self.config.seed * 7919 + request.spec.index), self.ring.clock,
+                                          self.ring.dilation)
             start = self.ring.clock.now()
             request.admitted = start
             chunk = self.config.prefill_chunk
@@ -323,27 +292,6 @@ class ServeMode(StreamsMode):
                 await self.front([request], prefill=True, step_start=start)
             self.prefills_out += 1
 
-    async def prefill_chunks(self, request: Request, chunk: int) -> None:
-        """decode.prefill_chunk: the prompt in chunks sent back to back, pipelined over the stages (as
-        agents.process.prefill does for plain decode), each padded to its cost at the entry; the last is the
-        request's prefill lap (its first token), the earlier ones come back flagged NO_SAMPLE, without one."""
-        clock, ring = self.ring.clock, self.ring
-        blocks = [(request.prompt[i:i + chunk], i) for i in range(0, len(request.prompt), chunk)]
-        for j, (block, pos) in enumerate(blocks):
-            start = clock.now()
-            hidden = self.stage.embed_and_run(block, pos, request.index)
-            real_end = clock.now()
-            await clock.sleep_until(start + max(ring.cost_s(len(block), 1, pos), ring.dilation * (real_end - start)))
-            lap, self.lap_no = self.lap_no, self.lap_no + 1
-            last = j == len(blocks) - 1
-            frame = wire.Frame(wire.Kind.HIDDEN, stream=request.index, lap=lap, pos=pos, tensor=hidden,
-                               flags=0 if last else wire.NO_SAMPLE)
-            await ring.send(ring.stamped(frame, start, start, real_end, clock.now(), hidden))
-            if last:
-                request.lap, request.kind, request.n_tok, request.start = lap, "prefill", len(block), start
-            else:
-                request.chunks_out[lap] = (start, len(block), j, len(blocks))
-
     def returned(self, items: list[tuple[wire.Frame, float]]) -> list[tuple[Request, wire.Frame, float]]:
         """The requests whose frames came back (a BATCH frame's rows each), each checked to be a lap in flight."""
         arrivals = []
@@ -352,8 +300,8 @@ class ServeMode(StreamsMode):
                 request = self.slots.get(slot)
                 if request is not None and lap in request.chunks_out:  # a prompt's chunk before its last
                     start, n_tok, j, n = request.chunks_out.pop(lap)
-                    self.chunk_laps.append(LapRecord(lap, "prefill", self.ring.mode, n_tok, 0, start, recv,
-                                                     tuple(frame.stamps), recv, facts=PrefillChunk(j, n), stream=slot))
+                    self.ring.report(LapRecord(lap, "prefill", self.ring.mode, n_tok, 0, start, recv,
+                                               tuple(frame.stamps), recv, facts=PrefillChunk(j, n), stream=slot))
                     continue
                 if request is None or lap != request.lap:
                     raise WireError(f"expected a request's lap back, got {frame.kind.name} slot {slot} lap {lap}")
@@ -366,9 +314,6 @@ class ServeMode(StreamsMode):
         clock = self.ring.clock
         step_start = clock.now()
         arrivals = self.returned(items)
-        for record in self.chunk_laps:  # each its own frame, stamps and start
-            self.ring.report(record)
-        self.chunk_laps = []
         if not arrivals:  # only chunks before a prompt's last came back
             return
         stamps: dict[int, tuple] = {}
@@ -377,19 +322,14 @@ class ServeMode(StreamsMode):
                 stamps[id(frame)] = tuple(frame.stamps)
         reports: dict[int, list[LapRecord]] = {}
         going, convoy_back = [], False
-        logits = self.head_logits(arrivals)
-        live = [i for i, (request, _, _) in enumerate(arrivals) if not request.aborted]
-        sampled = iter(self.sample_rows(logits if len(live) == len(arrivals) else logits[live],
-                                        [arrivals[i][0] for i in live]))
+        chosen = iter(self.next_tokens(arrivals))
         for request, frame, recv in arrivals:
             if request.kind == "prefill":
                 self.prefills_out -= 1
             else:
                 convoy_back = True
-            ids: tuple[int, ...] = ()
-            if not request.aborted:
-                token = next(sampled)
-                ids = (token,)
+            ids = tuple(next(chosen)[:request.spec.output_tokens - request.generated])
+            for token in ids:
                 request.sequence.append(token)
                 request.ids.append(token)
                 request.token_times.append(step_start)
@@ -414,7 +354,10 @@ class ServeMode(StreamsMode):
                     self.end(request, step_start)
             self.joining = []
             if departing:
-                await self.front(departing, prefill=False, step_start=step_start)
+                if self.spec_k:
+                    await self.front_speculating(departing, step_start)
+                else:
+                    await self.front(departing, prefill=False, step_start=step_start)
                 self.convoy_out = True
         await self.admit()
         first = True
