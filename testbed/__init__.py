@@ -5,11 +5,11 @@ each built-in study by its own name (`regimes`, `faults`, `whatif`, ...); and th
 is also a module's or a subpackage's (tests/test_api.py): `testbed.run` is always this function.
 """
 
-from testbed.api import (acceptance, bench, codecs, dsd, faults, overlap, place, regimes, reproduce, run, search,
-                         serve, study, sweep, sweep_k, tp, tree, whatif)
+from testbed.api import (acceptance, bench, codecs, dsd, faults, overlap, place, probe, regimes, reproduce, run,
+                         search, serve, study, sweep, sweep_k, tp, tree, whatif)
 from testbed.core.errors import AgentFailed, ConfigError, LinkBroken, PeerTimeout, ShapingError, TestbedError, WireError
 
 __all__ = ["run", "sweep", "study",
            "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif",
-           "search", "serve", "reproduce", "bench",
+           "probe", "search", "serve", "reproduce", "bench",
            "AgentFailed", "ConfigError", "LinkBroken", "PeerTimeout", "ShapingError", "TestbedError", "WireError"]

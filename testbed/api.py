@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from testbed.scenario.config import Scenario
 
 __all__ = ["run", "sweep", "study",
-           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif", "search",
-           "reproduce", "bench", "serve"]
+           "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif",
+           "probe", "search", "reproduce", "bench", "serve"]
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
@@ -180,6 +180,17 @@ def whatif(**options: Any) -> Any:
     """A deployment from the catalogues (model, hardware, regions): decode, TTFT, speculation, streams and where a
     token's time goes, predicted, and measured with `measure=True` (`python -m testbed whatif`)."""
     return study("whatif", **options)
+
+
+def probe(scenario_name: str | None = None, **options: Any) -> Any:
+    """Every link of a scenario measured one-way by message size on the box's clock (latency p50 / p99 and goodput,
+    NetPIPE-style) beside what it configured; `out="links.toml"` writes the region matrix a search file reads
+    (`python -m testbed probe`).
+
+        >>> result = testbed.probe("geo-ring", shaper="virtual", sizes="64,1Mi", samples=5)
+        >>> [(r.configured_ms, r.latency_ms) for r in result.probe_links]
+    """
+    return study("probe", scenario_name, **options)
 
 
 def search(spec: str, **options: Any) -> Any:

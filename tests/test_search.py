@@ -132,3 +132,23 @@ def test_a_region_matrix_in_the_file_must_name_the_machines_regions():
         spec_from_dict(raw, "test")
     raw["machines"][0]["region"] = "b"
     assert spec_from_dict(raw, "test").matrix.ms("a", "b") == 5
+
+
+def test_verify_runs_the_winner_on_the_named_backend_beside_its_prediction(tmp_path, capsys):
+    """The plumbing of --verify on virtual time (the real backend's figure is the report's, not a test's): the winner
+    alone, its measured rate beside the search's closed form, in the JSON and the printed table."""
+    out = tmp_path / "search.json"
+    assert cli.main(["search", "small", "--confirm", "0", "--verify", "virtual", "--json", str(out)]) == 0
+    result = parse(json.loads(out.read_text()), str(out)).result
+    v = result.verification
+    assert not result.confirmations and v.rank == 1 and v.shaper == "virtual" and v.dilation == 1.0
+    assert (v.ring, v.decode) == (result.top[0].ring, result.top[0].decode)
+    assert v.predicted_tok_s == result.top[0].tok_s
+    assert v.measured_tok_s == pytest.approx(v.predicted_tok_s, rel=1e-6)  # plain decode on virtual time: exact
+    printed = capsys.readouterr().out
+    assert "The winner verified on virtual (--verify)" in printed and "verified on virtual at D 1" in printed
+    from testbed.studies import STUDIES
+
+    parser = STUDIES["search"].parser()
+    assert parser.parse_args(["small", "--verify"]).verify == "auto"  # netem where the kernel has it, else the relay
+    assert parser.parse_args(["small"]).verify is None

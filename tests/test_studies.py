@@ -124,7 +124,8 @@ def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_
                "whatif": testbed.whatif(model="llama-3.1-8b", hardware="h100-sxm", regions="ireland,virginia"),
                "serve": small_serve_result(), "reproduce": testbed.reproduce(), "overlap": small_overlap_result(),
                "acceptance": testbed.acceptance(prompts=2, tokens=12, k_cal=3),
-               "search": testbed.search("small", confirm=0)}
+               "search": testbed.search("small", confirm=0),
+               "probe": testbed.probe("table2-regional", shaper="virtual", sizes="64,1Mi", samples=3)}
     for name, result in written.items():
         (results / f"{name}.json").write_text(result.to_json(), encoding="utf-8")
     (results / "codecs.json").write_text(json.dumps([row.to_dict() for row in codec_rows()]), encoding="utf-8")

@@ -45,7 +45,8 @@ class StageConfig:
         return self.compute_ms + self.prefill_ms_per_token * (n_tok - 1) + self.per_token_ms * (batch - 1)
 
 
-STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline", "kv_room_bytes", "kv_position_bytes"}  # the head's from [placement]
+# the TOML keys: not the head's flag ([placement]) nor what is derived at load
+STAGE_KEYS = {f.name for f in fields(StageConfig)} - {"is_head", "roofline", "kv_room_bytes", "kv_position_bytes"}
 
 
 def stage_from_dict(st: object, i: int, source: str, scale: float) -> StageConfig:

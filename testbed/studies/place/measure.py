@@ -31,6 +31,7 @@ from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, 
                                   write_json)
 from testbed.scenario.config import Scenario, scenario_from_dict
 from testbed.scenario.regions import RegionMatrix
+from testbed.scenario.stages import STAGE_KEYS
 from testbed.core import physics
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
@@ -114,7 +115,7 @@ def reordered(scenario: Scenario, order: tuple[int, ...], label: str, head_regio
     head_region, the LM head on its own agent there (placement.head = "separate")."""
     raw = {"name": f"{scenario.name}-{label}", "description": f"{label} ring order", "model": scenario.model,
            "stages": [{k: v for k, v in dataclasses.asdict(scenario.stages[i]).items()
-                       if v is not None and k not in ("is_head", "roofline")} for i in order],
+                       if v is not None and k in STAGE_KEYS} for i in order],  # TOML keys: no derived ones
            "placement": ({"head": "separate", "head_region": head_region} if head_region else {}),
            "regions": {"names": list(scenario.regions.names), "source": scenario.regions.source,
                        "one_way_ms": [list(row) for row in scenario.regions.one_way_ms]},

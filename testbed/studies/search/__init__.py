@@ -25,8 +25,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "0 = the closed forms only)")
     parser.add_argument("--shaper", choices=shaper_kinds(), default="virtual",
                         help="backend for the confirmations (default virtual: simulated time, exact)")
+    parser.add_argument("--verify", nargs="?", const="auto", choices=shaper_kinds(), metavar="SHAPER",
+                        help="run the winner on a real backend and print its measured objective beside the predicted "
+                             "(default auto: netem where the kernel has it, else the userspace relay; virtual for a "
+                             "dry run of the plumbing), at --dilation within --budget-s")
     parser.add_argument("--dilation", type=dilation_arg, default="auto", metavar="D|auto",
-                        help="time dilation of the confirmations on a real backend (default auto)")
+                        help="time dilation of the runs on a real backend (default auto)")
     add_budget_option(parser, study=True)
     parser.add_argument("--figure", metavar="PNG", help="draw the Pareto frontier here (also `testbed report`'s "
                                                         "fig12_search_pareto.png from the JSON)")

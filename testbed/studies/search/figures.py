@@ -39,17 +39,22 @@ def parse(data: dict, source: str) -> SourcedSearch:
 def markdown(items: Sequence[SourcedSearch]) -> list[str]:
     lines = ["Each search: candidates scored by the closed forms (which machines, the ring order of their regions, "
              "the layer split, speculation at K*), memory-infeasible ones refused with the reason; the winner against "
-             "the best even split with plain decode on the fewest regions, and the winner run on virtual time.", "",
+             "the best even split with plain decode on the fewest regions, and the winner run on virtual time (and, "
+             "with --verify, on a real backend).", "",
              "| search | model | objective | scored | refused | s | winner | tok/s | $/h | vs baseline | measured "
-             "tok/s (err %) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/s (err %) | verified tok/s (vs search %, shaper) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for item in items:
         r = item.result
         w = r.top[0]
         versus = f"{w.tok_s / r.baseline.tok_s:.2f}x" if r.baseline else ""
         measured = (f"{r.confirmations[0].measured_tok_s:.3f} ({r.confirmations[0].error_pct:+.2f})"
                     if r.confirmations else "")
+        v = r.verification
+        verified = f"{v.measured_tok_s:.3f} ({v.vs_search_pct:+.2f}, {v.shaper})" if v is not None else ""
         lines.append(f"| {item.source} | {r.model} | {r.objective} | {r.scored:,} | {r.refused:,} | {r.seconds:.1f} | "
-                     f"{w.ring}, {w.split}, {w.decode} | {w.tok_s:.2f} | {w.cost_hour:.2f} | {versus} | {measured} |")
+                     f"{w.ring}, {w.split}, {w.decode} | {w.tok_s:.2f} | {w.cost_hour:.2f} | {versus} | {measured} | "
+                     f"{verified} |")
     return lines
 
 

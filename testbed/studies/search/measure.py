@@ -24,7 +24,7 @@ from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.deploy.rules import StageShare, stage_roofline
 from testbed.scenario.config import Scenario, scenario_from_dict
-from testbed.studies.base import ensure_models_on, log_to, print_tables, write_json
+from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, log_to, print_tables, write_json
 from testbed.studies.search.space import Candidate, Frames, Scored, Space
 from testbed.studies.search.spec import SearchSpec, load_spec
 
@@ -80,6 +80,8 @@ class Confirmation(JsonRecord):
     measured_tok_s: float
     run_predicted_tok_s: float  # the run's own closed form (speculation: with the run's realized acceptance)
     shaper: str
+    dilation: float = 1.0  # the run's time dilation (1 on virtual time)
+    capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves on the rate
 
     @property
     def error_pct(self) -> float:
@@ -116,6 +118,7 @@ class SearchResult(JsonRecord):
     pareto: tuple[CandidateRow, ...]  # objective tok/s against $/h: none cheaper is as fast (the report part's key)
     by_cost: tuple[CostPoint, ...]  # the fastest candidate at each cost (the figure's cloud)
     confirmations: tuple[Confirmation, ...] = ()
+    verification: Confirmation | None = None  # --verify: the winner run on a real backend
 
     @property
     def per_second(self) -> float:
@@ -259,7 +262,8 @@ async def confirm(spec: SearchSpec, space: Space, scored: Sequence[Scored], n: i
         part = summary.spec if c.mode == "sync" else summary.overlap if c.mode == "async" else None
         measured = part.measured_tok_s if part is not None else summary.measured_tok_s
         own = part.predicted_tok_s if part is not None else s.tok_s
-        out.append(Confirmation(rank, ring_text(spec, c), decode, s.tok_s, measured, own, summary.shaper))
+        out.append(Confirmation(rank, ring_text(spec, c), decode, s.tok_s, measured, own, summary.shaper,
+                                **dilation_of(summary)))
         log(f"      measured {measured:.3f} tok/s, predicted {s.tok_s:.3f} ({out[-1].vs_search_pct:+.2f}%), the "
             f"run's own form {own:.3f} ({out[-1].error_pct:+.2f}%)")
     return out
@@ -282,13 +286,18 @@ def run(args: argparse.Namespace, console: Console) -> SearchResult:
     log = log_to(console)
     log(f"scored {result.scored:,} candidates in {result.seconds:.2f} s ({result.per_second:,.0f} a second); "
         f"refused {result.refused:,} (memory), {result.duplicates:,} splits gave another's layers")
-    if args.confirm <= 0:
-        return result
-    ensure_models_on(console)
-    base = baseline(space, scored)
-    confirmations = trio.run(confirm, spec, space, scored, args.confirm, args, log,
-                             base if base is not None and base not in scored[:args.confirm] else None)
-    return replace(result, confirmations=tuple(confirmations))
+    if args.confirm > 0:
+        ensure_models_on(console)
+        base = baseline(space, scored)
+        confirmations = trio.run(confirm, spec, space, scored, args.confirm, args, log,
+                                 base if base is not None and base not in scored[:args.confirm] else None)
+        result = replace(result, confirmations=tuple(confirmations))
+    if args.verify:
+        ensure_models_on(console)
+        (verified,) = trio.run(confirm, spec, space, scored, 1, argparse.Namespace(**{**vars(args),
+                                                                                   "shaper": args.verify}), log)
+        result = replace(result, verification=verified)
+    return result
 
 
 # --- printing ------------------------------------------------------------------------------------------------------
@@ -332,6 +341,18 @@ def confirmations_table(result: SearchResult) -> Table:
     return out
 
 
+def verification_table(v: Confirmation) -> Table:
+    out = Table(title=f"The winner verified on {v.shaper} (--verify): measured beside predicted, in the scenario's "
+                      "time")
+    for col in ("ring", "decode", "predicted tok/s", "measured tok/s", "vs search %", "run's own form", "error %",
+                "D", "shaper"):
+        out.add_column(col, justify="right")
+    out.add_row(v.ring, v.decode, f"{v.predicted_tok_s:.3f}", f"{v.measured_tok_s:.3f}", f"{v.vs_search_pct:+.2f}",
+                f"{v.run_predicted_tok_s:.3f}", f"{v.error_pct:+.2f}", dilation_cell(v.dilation, v.capped_error_pct),
+                v.shaper)
+    return out
+
+
 def show(result: SearchResult, args: argparse.Namespace, console: Console) -> None:
     tables = [candidates_table(f"Search: {result.model}, objective {result.objective}: {result.scored:,} candidates "
                                f"scored in {result.seconds:.2f} s; the best", result.top, result.objective)]
@@ -343,6 +364,8 @@ def show(result: SearchResult, args: argparse.Namespace, console: Console) -> No
     tables.append(refusals_table(result))
     if result.confirmations:
         tables.append(confirmations_table(result))
+    if result.verification is not None:
+        tables.append(verification_table(result.verification))
     print_tables(console, tables)
     log = log_to(console)
     winner = result.top[0]
@@ -355,5 +378,10 @@ def show(result: SearchResult, args: argparse.Namespace, console: Console) -> No
         log(f"the winner on {first.shaper}: measured {first.measured_tok_s:.3f} tok/s, {first.error_pct:+.2f}% from "
             f"its closed form ({first.vs_search_pct:+.2f}% from the search's, at the stated alpha "
             f"{result.alpha:g})")
+    if result.verification is not None:
+        v = result.verification
+        log(f"verified on {v.shaper} at D {dilation_cell(v.dilation, v.capped_error_pct)}: the winner measured "
+            f"{v.measured_tok_s:.3f} tok/s against {v.predicted_tok_s:.3f} predicted ({v.vs_search_pct:+.2f}%; "
+            f"{v.error_pct:+.2f}% from the run's own form)")
     if args.json:
         write_json(args.json, result.to_json(indent=2), console)

@@ -15,6 +15,10 @@ the objective and the constraints, read from TOML and checked; every error names
     [constraints]
     max_regions = 3
     head_region = "virginia"
+
+[regions] gives the one-way delays (names, one_way_ms; default: the shipped catalogue's), or `regions = "links.toml"`
+names a file that has them: `testbed probe --out`'s, whose rate_mbit (the slowest link's goodput) the search takes too
+unless the file states its own.
 """
 
 from __future__ import annotations
@@ -129,7 +133,8 @@ def spec_from_dict(raw: dict, source: str = "<dict>") -> SearchSpec:
         raise ConfigError("required: a model preset (testbed/deploy/models.toml)", source=source, key="model")
     model = model_preset(string(raw, "model", "", source, ""), source=source, key="model")
     objective = string(raw, "objective", "tok_s", source, "", OBJECTIVES)
-    matrix = _matrix(raw.get("regions"), source)
+    table, rate_mbit = _included(raw.get("regions"), source)
+    matrix = _matrix(table, source)
     machines = _machines(raw.get("machines"), matrix, objective, source)
     spec_table = _table(raw, "speculation", source)
     check_keys(spec_table, SPEC_KEYS, source, "speculation")
@@ -156,7 +161,7 @@ def spec_from_dict(raw: dict, source: str = "<dict>") -> SearchSpec:
                              integer=True),
         tokens=number(raw, "tokens", 24, source, "", minimum=2, maximum=10_000, integer=True),
         context=number(raw, "context", 8192, source, "", minimum=1, maximum=model.context, integer=True),
-        rate_mbit=number(raw, "rate_mbit", regions().flow_rate_mbit, source, "", maximum=100_000),
+        rate_mbit=number(raw, "rate_mbit", rate_mbit or regions().flow_rate_mbit, source, "", maximum=100_000),
         draft=draft, alpha=alpha, guess=guess, windows=tuple(dict.fromkeys(windows)),
         modes=tuple(dict.fromkeys(modes)),
         max_regions=number(limits, "max_regions", 0, source, "constraints", integer=True, maximum=64),
@@ -179,13 +184,36 @@ def _ints(values: Any, source: str, key: str, low: int, high: int) -> list[int]:
     return values
 
 
+def _included(value: Any, source: str) -> tuple[Any, float | None]:
+    """`regions = "FILE"`: the [regions] table of another file (`testbed probe --out`'s, a path relative to the search
+    file) and its top-level rate_mbit if it has one (the probe's slowest link); else the value as it is."""
+    if not isinstance(value, str):
+        return value, None
+    path = Path(value) if Path(value).is_absolute() else Path(source).parent / value
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the region file {str(path)!r}: {exc.strerror}", source=source,
+                          key="regions") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the region file {str(path)!r} is not valid TOML: {exc}", source=source,
+                          key="regions") from exc
+    if not isinstance(raw.get("regions"), dict):
+        raise ConfigError(f"the region file {str(path)!r} has no [regions] table (names, one_way_ms)", source=source,
+                          key="regions")
+    rate = number(raw, "rate_mbit", 0.0, str(path), "", maximum=100_000) if "rate_mbit" in raw else None
+    return raw["regions"], rate
+
+
 def _matrix(table: Any, source: str) -> Matrix:
-    """[regions] of the file (names, one_way_ms, row = from), else the shipped catalogue's."""
+    """[regions] of the file (names, one_way_ms, row = from; or the one a `regions = "FILE"` names), else the shipped
+    catalogue's."""
     if table is None:
         catalogue = regions()
         return Matrix(catalogue.names, catalogue.one_way_ms, f"{catalogue.source} ({catalogue.date})")
     if not isinstance(table, dict):
-        raise ConfigError("expected a table (names, one_way_ms)", source=source, key="regions")
+        raise ConfigError("expected a table (names, one_way_ms) or the name of a file with one (testbed probe "
+                          "--out)", source=source, key="regions")
     check_keys(table, REGION_KEYS, source, "regions")
     names = table.get("names")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names) \
