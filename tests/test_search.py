@@ -15,7 +15,7 @@ from testbed import cli
 from testbed.core.errors import ConfigError
 from testbed.studies.search.figures import parse
 from testbed.studies.search.measure import searched
-from testbed.studies.search.spec import spec_from_dict
+from testbed.studies.search.spec import load_spec, spec_from_dict
 
 pytestmark = pytest.mark.exact
 
@@ -152,3 +152,61 @@ def test_verify_runs_the_winner_on_the_named_backend_beside_its_prediction(tmp_p
     parser = STUDIES["search"].parser()
     assert parser.parse_args(["small", "--verify"]).verify == "auto"  # netem where the kernel has it, else the relay
     assert parser.parse_args(["small"]).verify is None
+
+
+# --- published cases (issue 53 part 5): the published split as a candidate of the same machines and order ---------
+PUBLISHED = Path(__file__).resolve().parents[1] / "testbed" / "studies" / "search" / "published"
+
+
+@pytest.mark.parametrize("name, figure", [("exo-row1", 25.4), ("exo-row2", 8.7)])
+def test_a_published_deployment_is_printed_beside_the_searchs_split_with_its_figure(capsys, name, figure):
+    """PUBLISHED.md rows 1 and 2 (exo, 4 identical M3 Ultras): the search's best split of the same ring predicts at
+    least the published split's rate; with identical machines no split beats it, and the printed reason says why;
+    the published figure is printed beside the published split's prediction (not fitted to it)."""
+    path = PUBLISHED / f"{name}.toml"
+    result, _, _ = searched(load_spec(str(path)))
+    case = result.published
+    assert case.theirs.split == "memory" and case.theirs.machines == ("mac1", "mac2", "mac3", "mac4")
+    assert case.ours.machines == case.theirs.machines  # the same machines, the same order
+    assert case.ours.tok_s >= case.theirs.tok_s * (1 - 1e-9)
+    assert case.gain == pytest.approx(1.0, rel=1e-6)  # identical machines: a lap is the same sum however split
+    assert case.figure_tok_s == figure
+    assert cli.main(["search", str(path), "--confirm", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"PUBLISHED.md row {name[-1]}" in out and f"{figure:g}" in out
+    assert "takes the lap longest" in out and "no split beats it" in out
+
+
+def mixed(split: str) -> dict:
+    """Not a published row: a mixed pair the presets can express (an M3 Ultra, 512 GB at 819 GB/s, and a box of four
+    RTX 4090s, 96 GB at 4 x 1008 GB/s) for Llama-3.1-70B, split the way exo (memory) or a scenario (even) splits."""
+    return {"model": "llama-3.1-70b", "prompt_tokens": 512, "tokens": 16, "context": 1024,
+            "regions": {"names": ["home"], "one_way_ms": [[0.0]]},
+            "machines": [machine("mac", "m3-ultra", "home"), machine("4090s", "rtx-4090", "home", devices=4)],
+            "published": {"system": "test", "split": split}}
+
+
+@pytest.mark.parametrize("split", ["memory", "even"])
+def test_on_mixed_machines_the_searchs_split_beats_the_published_one_and_says_why(split):
+    """The memory split puts 67 of 80 layers on the Mac (most memory, slowest a layer), the even split 40: the Mac's
+    stage takes the lap longest, and the search's split moves layers off it onto the 4090s (as many as they hold)."""
+    result, space, _ = searched(spec_from_dict(mixed(split), "test"))
+    case = result.published
+    mac, gpus = case.layer_ms
+    assert mac > gpus  # a layer costs more on the Mac
+    assert case.bottleneck == 0 and case.theirs.layers[0] > case.ours.layers[0]
+    assert case.ours.layers[1] == space.capacity(1, False, False)  # the 4090s hold all they can
+    assert case.gain > 1.2
+    assert case.ours_stage_ms[0] < case.theirs_stage_ms[0]
+    assert f"stage 0 mac takes the lap longest: {case.theirs.layers[0]} layers" in case.reason
+    assert f"moves {case.theirs.layers[0] - case.ours.layers[0]} layers off mac" in case.reason
+    assert f"{case.gain:.2f}x the rate" in case.reason
+
+
+def test_the_memory_split_cuts_at_the_cumulative_memory_shares():
+    """exo's split: 80 layers over 512 GB and 96 GB cut at floor(80 x 512 / 608) = 67."""
+    spec = spec_from_dict(mixed("memory"), "test")
+    space = searched(spec)[1]
+    assert space.memory_split((0, 1)) == ((67, 13), "")
+    assert space.memory_split((1, 0)) == ((12, 68), "")  # floor(80 x 96 / 608) = 12
+    assert space.memory_split((1,) * 7) == ((11, 11, 12, 11, 12, 11, 12), "")  # equal shares: the cuts floored

@@ -9,7 +9,7 @@ import argparse
 
 from netem.select import kinds as shaper_kinds
 from testbed.studies.base import Figure, ReportPart, Study, add_budget_option, dilation_arg, results_of
-from testbed.studies.search import figures, measure
+from testbed.studies.search import figures, measure, tables
 from testbed.studies.search.spec import EXAMPLES, OBJECTIVES
 
 
@@ -38,8 +38,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def show(result: measure.SearchResult, args: argparse.Namespace, console) -> None:
-    """measure.show, then the Pareto frontier's figure where --figure asks for it."""
-    measure.show(result, args, console)
+    """tables.show, then the Pareto frontier's figure where --figure asks for it."""
+    tables.show(result, args, console)
     if args.figure:
         figures.plot_pareto([result], args.figure)
         console.print(f"Figure: {args.figure}")

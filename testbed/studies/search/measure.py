@@ -18,13 +18,12 @@ from typing import Any
 
 import trio
 from rich.console import Console
-from rich.table import Table
 
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
 from testbed.deploy.rules import StageShare, stage_roofline
 from testbed.scenario.config import Scenario, scenario_from_dict
-from testbed.studies.base import dilation_cell, dilation_of, ensure_models_on, log_to, print_tables, write_json
+from testbed.studies.base import dilation_of, ensure_models_on, log_to
 from testbed.studies.search.space import Candidate, Frames, Scored, Space
 from testbed.studies.search.spec import SearchSpec, load_spec
 
@@ -102,6 +101,30 @@ class CostPoint(JsonRecord):
 
 
 @dataclass(frozen=True)
+class PublishedCase(JsonRecord):
+    """A published deployment ([published]) beside the search's best split of the same machines and order: each
+    stage's time a plain lap under both, and why one is faster."""
+
+    row: int  # of ../shared/PUBLISHED.md
+    system: str
+    source: str
+    assumed: str
+    figure_tok_s: float  # as published (0: none for this setup); printed beside the prediction, never fitted to
+    theirs: CandidateRow  # the published split, by the closed forms
+    ours: CandidateRow  # the search's best split of the same ring
+    layer_ms: tuple[float, ...]  # one layer's pass on each stage's machine
+    theirs_stage_ms: tuple[float, ...]
+    ours_stage_ms: tuple[float, ...]
+    bottleneck: int  # the stage that takes the published split's lap longest
+    reason: str
+    winner: CandidateRow | None = None  # the search's best over every candidate (which machines, order, decode)
+
+    @property
+    def gain(self) -> float:
+        return self.ours.tok_s / self.theirs.tok_s
+
+
+@dataclass(frozen=True)
 class SearchResult(JsonRecord):
     search: str  # the input file
     model: str
@@ -119,6 +142,7 @@ class SearchResult(JsonRecord):
     by_cost: tuple[CostPoint, ...]  # the fastest candidate at each cost (the figure's cloud)
     confirmations: tuple[Confirmation, ...] = ()
     verification: Confirmation | None = None  # --verify: the winner run on a real backend
+    published: PublishedCase | None = None  # [published]: the measured deployment beside the search's split
 
     @property
     def per_second(self) -> float:
@@ -234,14 +258,55 @@ def searched(spec: SearchSpec, top: int = TOP) -> tuple[SearchResult, Space, lis
         raise ConfigError(f"no deployment of {spec.model.name} fits the machines: {reasons}", source=spec.source,
                           key="machines")
     base = baseline(space, scored)
+    case = replace(published_case(space), winner=row(space, scored[0], 1)) if spec.published is not None else None
     result = SearchResult(
         search=spec.source, model=spec.model.name, objective=spec.objective, alpha=spec.alpha, scored=len(scored),
         refused=sum(space.refused.values()), duplicates=space.duplicates, seconds=seconds, refusals=refusals,
         excluded=tuple(Refusal(why, n) for why, n in space.excluded.most_common()),
         top=tuple(row(space, s, i + 1) for i, s in enumerate(scored[:top])),
         baseline=row(space, base, 0) if base is not None else None,
-        pareto=tuple(row(space, s, 0) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)))
+        pareto=tuple(row(space, s, 0) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)),
+        published=case)
     return result, space, scored
+
+
+def published_case(space: Space) -> PublishedCase:
+    """The file's published deployment and the search's best split of its ring (Space.published), and the reason:
+    the stage that takes the published split's lap longest, and where the search's split moves its layers."""
+    spec, pub = space.spec, space.spec.published
+    assert pub is not None
+    theirs, ours = space.published()
+    stages = theirs.candidate.stages
+    names = [spec.machines[g].name for g in stages]
+    layer_ms = [space.layer_s(g) * 1e3 for g in stages]
+    t = [x * 1e3 for x in space.stage_s(stages, theirs.candidate.layers, 1)]
+    u = [x * 1e3 for x in space.stage_s(stages, ours.candidate.layers, 1)]
+    a, b = theirs.candidate.layers, ours.candidate.layers
+    worst = max(range(len(t)), key=lambda i: t[i])
+    head = (f"under the published {pub.split} split stage {worst} {names[worst]} takes the lap longest: {a[worst]} "
+            f"layers at {layer_ms[worst]:.2f} ms each" + (" and the LM head" if worst == 0 else "")
+            + f", {t[worst]:.1f} of the lap's {sum(t):.1f} ms compute")
+    gain = ours.tok_s / theirs.tok_s
+    if gain <= 1 + 1e-9:
+        if max(layer_ms) <= min(layer_ms) * 1.01:
+            why = (f"; every stage passes a layer in the same time ({min(layer_ms):.2f} ms), so one stream's lap (the "
+                   f"sum of the stages) is the same however the layers are split: no split beats it")
+        else:
+            cheaper = sorted({names[i] for i in range(len(t)) if layer_ms[i] < layer_ms[worst]})
+            why = (f"; the stages where a layer costs less ({', '.join(cheaper) or 'none'}) hold no more layers in "
+                   f"their memory: no split beats it")
+        return PublishedCase(pub.row, pub.system, pub.source, pub.assumed, pub.tok_s, row(space, theirs, 0),
+                             row(space, ours, 0), tuple(layer_ms), tuple(t), tuple(u), worst, head + why)
+    off = [i for i in range(len(a)) if b[i] < a[i]]
+    onto = [i for i in range(len(a)) if b[i] > a[i]]
+    moved = sum(a[i] - b[i] for i in off)
+    where = ", ".join(f"{names[i]} ({layer_ms[i]:.2f} ms a layer)" for i in onto)
+    why = (f"; the search's {ours.candidate.split} split moves {moved} layers off "
+           + ", ".join(f"{names[i]} ({a[i]} -> {b[i]})" for i in off) + f" onto {where}: stage {worst} "
+           f"{t[worst]:.1f} -> {u[worst]:.1f} ms, the lap's compute {sum(t):.1f} -> {sum(u):.1f} ms, "
+           f"{gain:.2f}x the rate")
+    return PublishedCase(pub.row, pub.system, pub.source, pub.assumed, pub.tok_s, row(space, theirs, 0),
+                         row(space, ours, 0), tuple(layer_ms), tuple(t), tuple(u), worst, head + why)
 
 
 async def confirm(spec: SearchSpec, space: Space, scored: Sequence[Scored], n: int, args: argparse.Namespace, log,
@@ -298,90 +363,3 @@ def run(args: argparse.Namespace, console: Console) -> SearchResult:
                                                                                    "shaper": args.verify}), log)
         result = replace(result, verification=verified)
     return result
-
-
-# --- printing ------------------------------------------------------------------------------------------------------
-def candidates_table(title: str, rows: Sequence[CandidateRow], objective: str) -> Table:
-    out = Table(title=title)
-    for col in ("#", "ring (entry first)", "layers", "split", "decode", "tok/s", "$/h",
-                *(("tok/s per $/h",) if objective == "tok_s_per_dollar" else ()),
-                "compute ms", "links ms", "draft ms", "tok/round", "bottleneck"):
-        out.add_column(col, justify="right")
-    for r in rows:
-        out.add_row(str(r.rank) if r.rank else "", f"{r.ring}", "/".join(map(str, r.layers)), r.split, r.decode,
-                    f"{r.tok_s:.2f}", f"{r.cost_hour:.2f}",
-                    *((f"{r.objective:.3f}",) if objective == "tok_s_per_dollar" else ()),
-                    f"{r.compute_ms:.1f}", f"{r.propagation_ms + r.serialization_ms:.1f}", f"{r.draft_ms:.1f}",
-                    f"{r.tokens_per_round:.2f}", r.bottleneck + ("" if r.queue_free else " (queues)"))
-    return out
-
-
-def refusals_table(result: SearchResult) -> Table:
-    out = Table(title=f"Refused ({result.refused:,} candidates: memory) and ruled out by the constraints")
-    for col in ("why", "candidates"):
-        out.add_column(col, justify="right")
-    for r in result.refusals[:8]:
-        out.add_row(r.reason, f"{r.candidates:,}")
-    if len(result.refusals) > 8:
-        out.add_row(f"... {len(result.refusals) - 8} more reasons", f"{sum(r.candidates for r in result.refusals[8:]):,}")
-    for r in result.excluded:
-        out.add_row(f"ruled out: {r.reason}", f"{r.candidates:,} machine sets")
-    return out
-
-
-def confirmations_table(result: SearchResult) -> Table:
-    out = Table(title="The best candidates run (a scenario each: one stage per machine, its roofline, the matrix's "
-                      "hops), measured vs predicted")
-    for col in ("#", "ring", "decode", "predicted tok/s", "measured tok/s", "vs search %", "run's own form",
-                "error %", "shaper"):
-        out.add_column(col, justify="right")
-    for c in result.confirmations:
-        out.add_row(str(c.rank) if c.rank else "baseline", c.ring, c.decode, f"{c.predicted_tok_s:.3f}", f"{c.measured_tok_s:.3f}",
-                    f"{c.vs_search_pct:+.2f}", f"{c.run_predicted_tok_s:.3f}", f"{c.error_pct:+.2f}", c.shaper)
-    return out
-
-
-def verification_table(v: Confirmation) -> Table:
-    out = Table(title=f"The winner verified on {v.shaper} (--verify): measured beside predicted, in the scenario's "
-                      "time")
-    for col in ("ring", "decode", "predicted tok/s", "measured tok/s", "vs search %", "run's own form", "error %",
-                "D", "shaper"):
-        out.add_column(col, justify="right")
-    out.add_row(v.ring, v.decode, f"{v.predicted_tok_s:.3f}", f"{v.measured_tok_s:.3f}", f"{v.vs_search_pct:+.2f}",
-                f"{v.run_predicted_tok_s:.3f}", f"{v.error_pct:+.2f}", dilation_cell(v.dilation, v.capped_error_pct),
-                v.shaper)
-    return out
-
-
-def show(result: SearchResult, args: argparse.Namespace, console: Console) -> None:
-    tables = [candidates_table(f"Search: {result.model}, objective {result.objective}: {result.scored:,} candidates "
-                               f"scored in {result.seconds:.2f} s; the best", result.top, result.objective)]
-    if result.baseline is not None:
-        tables.append(candidates_table("The best even split, plain decode, on the fewest regions that hold the model "
-                                       "(co-located first)", [result.baseline], result.objective))
-    tables.append(candidates_table("Pareto frontier: tok/s against $/h (none cheaper is as fast)", result.pareto,
-                                   result.objective))
-    tables.append(refusals_table(result))
-    if result.confirmations:
-        tables.append(confirmations_table(result))
-    if result.verification is not None:
-        tables.append(verification_table(result.verification))
-    print_tables(console, tables)
-    log = log_to(console)
-    winner = result.top[0]
-    if result.baseline is not None:
-        log(f"winner {winner.ring} ({winner.split}, {winner.decode}): {winner.tok_s:.2f} tok/s at ${winner.cost_hour:.2f}"
-            f"/h, {winner.tok_s / result.baseline.tok_s:.2f}x the best even-split co-located-first configuration "
-            f"({result.baseline.ring}: {result.baseline.tok_s:.2f} tok/s at ${result.baseline.cost_hour:.2f}/h)")
-    if result.confirmations:
-        first = result.confirmations[0]
-        log(f"the winner on {first.shaper}: measured {first.measured_tok_s:.3f} tok/s, {first.error_pct:+.2f}% from "
-            f"its closed form ({first.vs_search_pct:+.2f}% from the search's, at the stated alpha "
-            f"{result.alpha:g})")
-    if result.verification is not None:
-        v = result.verification
-        log(f"verified on {v.shaper} at D {dilation_cell(v.dilation, v.capped_error_pct)}: the winner measured "
-            f"{v.measured_tok_s:.3f} tok/s against {v.predicted_tok_s:.3f} predicted ({v.vs_search_pct:+.2f}%; "
-            f"{v.error_pct:+.2f}% from the run's own form)")
-    if args.json:
-        write_json(args.json, result.to_json(indent=2), console)

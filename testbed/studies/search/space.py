@@ -18,6 +18,9 @@ side: a region entered twice would pay its way in and out twice), the layer spli
   K*), `async` (overlapped speculation) at each window W (physics.overlap_rate with h = a^K x guess, at its own K*). K* is the argmax over
   K = 1..K_MAX with the verification block's own lap (its compute and bytes grow with K + 1), as
   studies.whatif.predict.spec_at_best_k: physics.best_k and best_k_overlap where the lap did not depend on K.
+- A published deployment ([published]): every machine of the file in the file's order, split `even` or `memory`
+  (exo's: the cumulative memory shares cut the layers, each cut floored, the last machine to the end), plain decode;
+  scored by the same closed forms as a candidate, beside the search's best split of that ring (Space.published).
 - TP across the machines of a region (an all-reduce over the region's network each layer) is not a dimension: the
   catalogue has no intra-region link figure to price it (physics.tp_token_s would need one).
 """
@@ -35,6 +38,7 @@ from testbed.core import physics
 from testbed.core.roofline import Roofline
 from testbed.deploy.rules import StageShare, resident_bytes, stage_roofline
 from testbed.studies.search.spec import SearchSpec
+from testbed.studies.search.split import water_fill
 
 SPLITS = ("even", "balanced", "greedy")
 K_MAX = 32  # the largest K searched for K* (studies.whatif.predict.K_MAX)
@@ -207,6 +211,44 @@ class Space:
             left -= take
         return tuple(layers), ""
 
+    def memory_split(self, stages: tuple[int, ...]) -> tuple[tuple[int, ...] | None, str]:
+        """exo's split: machine i's layers run from floor(L x its cumulative memory share before it) to the next
+        cut (the last to L), or (None, the reason) where a stage gets none or more than it holds."""
+        total = self.spec.model.layers
+        memory = [self.spec.machines[g].memory_bytes for g in stages]
+        cuts = [0]
+        for i in range(1, len(stages)):
+            cuts.append(int(total * sum(memory[:i]) / sum(memory)))
+        cuts.append(total)
+        layers = tuple(b - a for a, b in zip(cuts, cuts[1:]))
+        for i, g in enumerate(stages):
+            cap = self.capacity(g, i == 0, False)
+            if not 1 <= layers[i] <= cap:
+                return None, (f"memory split: {layers[i]} layers on {self.spec.machines[g].name}, which holds "
+                              f"{cap}")
+        return layers, ""
+
+    def published(self) -> tuple[Scored, Scored]:
+        """The published deployment (every machine in the file's order, its split, plain decode) and the search's
+        best split (of SPLITS) of the same ring, by the closed forms; a ConfigError where either does not fit."""
+        from testbed.core.errors import ConfigError
+
+        spec = self.spec
+        assert spec.published is not None
+        stages = tuple(g for g, m in enumerate(spec.machines) for _ in range(m.count))
+        how = spec.published.split
+        layers, why = self.memory_split(stages) if how == "memory" else self.split(stages, "even", False)
+        if layers is None:
+            raise ConfigError(f"the published {how} split does not fit: {why}", source=spec.source,
+                              key="published.split")
+        (theirs,) = self.score(stages, layers, how, ("off",))
+        mine = [self.score(stages, split_layers, split, ("off",))[0] for split in SPLITS
+                for split_layers in [self.split(stages, split, False)[0]] if split_layers is not None]
+        if not mine:
+            raise ConfigError("none of the search's splits of the published ring fits in memory", source=spec.source,
+                              key="published")
+        return theirs, max(mine, key=lambda s: s.tok_s)  # the first of equals: even before balanced before greedy
+
     # --- the closed forms ------------------------------------------------------------------------------------
     def hops_s(self, stages: tuple[int, ...]) -> list[float]:
         regions = [self.spec.machines[g].region for g in stages]
@@ -323,38 +365,3 @@ class Space:
                     scored += self.score(stages, layers, how, modes)
         scored.sort(key=lambda s: (-s.objective, s.cost_hour, len(s.candidate.stages)))
         return scored
-
-
-def water_fill(total: int, weight: list[float], caps: list[int]) -> list[int]:
-    """`total` layers in proportion to `weight`, none above its cap and each at least one: the capped shares fixed,
-    the rest shared again; whole layers by largest remainder (within the caps)."""
-    n = len(weight)
-    share = [0.0] * n
-    free = set(range(n))
-    left = float(total)
-    while free:
-        w = sum(weight[i] for i in free)
-        over = [i for i in free if left * weight[i] / w > caps[i]]
-        if not over:
-            for i in free:
-                share[i] = left * weight[i] / w
-            break
-        for i in over:
-            share[i] = caps[i]
-            left -= caps[i]
-            free.discard(i)
-    layers = [max(1, min(caps[i], int(share[i]))) for i in range(n)]
-    order = sorted(range(n), key=lambda i: -(share[i] - int(share[i])))
-    while sum(layers) < total:
-        grew = False
-        for i in order:
-            if sum(layers) < total and layers[i] < caps[i]:
-                layers[i] += 1
-                grew = True
-        if not grew:
-            break
-    while sum(layers) > total:
-        i = max((i for i in range(n) if layers[i] > 1), key=lambda i: layers[i] - share[i])
-        layers[i] -= 1
-    return layers
-

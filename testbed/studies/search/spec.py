@@ -19,6 +19,11 @@ the objective and the constraints, read from TOML and checked; every error names
 [regions] gives the one-way delays (names, one_way_ms; default: the shipped catalogue's), or `regions = "links.toml"`
 names a file that has them: `testbed probe --out`'s, whose rate_mbit (the slowest link's goodput) the search takes too
 unless the file states its own.
+
+[published] names a deployment someone measured (../shared/PUBLISHED.md): every machine of the file, in the file's
+order (the first is the entry), split as the published system splits (`even`, or `memory`: exo's layers by memory
+share); the search prints it beside its own best split of the same ring, with the published figure where there is
+one (testbed/studies/search/published/).
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ MAX_WINDOW = 64
 EXAMPLES = ("example", "small")  # shipped input files, by name (testbed/studies/search/NAME.toml)
 
 TOP_KEYS = {"model", "objective", "prompt_tokens", "tokens", "context", "rate_mbit", "machines", "regions",
-            "speculation", "constraints"}
+            "speculation", "constraints", "published"}
 MACHINE_KEYS = {"name", "hardware", "devices", "count", "region", "memory_gb", "price_hour"}
 SPEC_KEYS = {"draft", "alpha", "guess", "windows", "modes"}
 CONSTRAINT_KEYS = {"max_regions", "head_region", "memory_fraction"}
 REGION_KEYS = {"names", "one_way_ms", "source"}
+PUBLISHED_KEYS = {"row", "system", "split", "tok_s", "source", "assumed"}
+PUBLISHED_SPLITS = ("even", "memory")  # as a scenario splits a [geometry]; exo's layers by memory share
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,18 @@ class Matrix:
 
 
 @dataclass(frozen=True)
+class Published:
+    """A deployment someone measured: the file's machines in its order, split the published system's way."""
+
+    row: int  # of ../shared/PUBLISHED.md (0: not a row of it)
+    system: str  # "exo", "prima.cpp", ...
+    split: str  # "even" or "memory" (exo: each machine's layers in proportion to its memory)
+    tok_s: float  # the published single-stream rate (0: none published for this setup)
+    source: str  # where it was published
+    assumed: str  # what the source leaves out and how the file fills it in
+
+
+@dataclass(frozen=True)
 class SearchSpec:
     """A checked input file: what the search may combine and what it maximizes."""
 
@@ -96,6 +115,7 @@ class SearchSpec:
     max_regions: int = 0  # 0: any number
     head_region: str = ""  # "": any region may hold the entry (the embedding, the LM head, the draft)
     memory_fraction: float = 1.0  # of each machine's memory the weights, KV and draft may use
+    published: Published | None = None  # a published deployment of these machines, to set beside the search's
 
     @property
     def decode_context(self) -> float:
@@ -166,7 +186,21 @@ def spec_from_dict(raw: dict, source: str = "<dict>") -> SearchSpec:
         modes=tuple(dict.fromkeys(modes)),
         max_regions=number(limits, "max_regions", 0, source, "constraints", integer=True, maximum=64),
         head_region=head,
-        memory_fraction=number(limits, "memory_fraction", 1.0, source, "constraints", minimum=0.01, maximum=1.0))
+        memory_fraction=number(limits, "memory_fraction", 1.0, source, "constraints", minimum=0.01, maximum=1.0),
+        published=_published(raw, source))
+
+
+def _published(raw: dict, source: str) -> Published | None:
+    if "published" not in raw:
+        return None
+    table = _table(raw, "published", source)
+    check_keys(table, PUBLISHED_KEYS, source, "published")
+    return Published(row=number(table, "row", 0, source, "published", integer=True, maximum=10_000),
+                     system=string(table, "system", "", source, "published"),
+                     split=string(table, "split", "even", source, "published", PUBLISHED_SPLITS),
+                     tok_s=number(table, "tok_s", 0.0, source, "published", maximum=1e6),
+                     source=string(table, "source", "", source, "published"),
+                     assumed=string(table, "assumed", "", source, "published"))
 
 
 def _table(raw: dict, key: str, source: str) -> dict:
