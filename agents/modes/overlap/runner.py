@@ -21,6 +21,7 @@ run of rounds between two misses; the summary sets it beside the measured time (
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ class OverlapMode(Sequenced):
         self.last_verdict = 0.0
         self.progress = trio.Event()  # set when a verdict frees a place (the draft waits on it at W + 1 drafted)
         self.events_in, self.events = trio.open_memory_channel(EVENTS)
+        self.verdicts_in, self.verdicts = trio.open_memory_channel(math.inf)  # (due, round, result), in order
 
     # --- the draft ---------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class OverlapMode(Sequenced):
             frame, recv = await self.ring.inbox.receive()
             await self.events_in.send(("frame", -1, (frame, recv)))
 
-    async def send_ready(self, nursery: trio.Nursery) -> None:
+    async def send_ready(self) -> None:
         while self.ready and len(self.inflight) < self.window:
             r = self.ready.popleft()
             r.sent_at = self.ring.clock.now()
@@ -201,21 +203,25 @@ class OverlapMode(Sequenced):
             r.in_flight = len(self.inflight) + 1
             self.inflight.append(r)
             if self.ring.n_stages == 1:  # nothing leaves: the entry verifies it at once
-                self.verify(nursery, r, None, r.sent_at)
+                self.verify(r, None, r.sent_at)
             else:
                 self.by_lap[r.pending.lap_no] = r
 
-    async def verdict_at(self, at: float, r: Round, result) -> None:
-        await self.ring.clock.sleep_until(at)
-        await self.events_in.send(("verdict", r.branch, (r, result)))
+    async def deliver(self) -> None:
+        """Each verdict when the entry's compute for it ends, in the order the rounds left: under time dilation a
+        round's padded head can end before the one before it (a slow front is padded D times), and a verdict never
+        overtakes an earlier one."""
+        async for at, r, result in self.verdicts:
+            await self.ring.clock.sleep_until(at)
+            await self.events_in.send(("verdict", r.branch, (r, result)))
 
-    def head(self, nursery: trio.Nursery, frame: wire.Frame, recv: float) -> None:
+    def head(self, frame: wire.Frame, recv: float) -> None:
         """A frame back: a live round's goes through the head; a dropped round's is let go."""
         r = self.by_lap.pop(frame.lap, None)
         if r is not None and r.branch == self.branch.number:
-            self.verify(nursery, r, frame, recv)
+            self.verify(r, frame, recv)
 
-    def verify(self, nursery: trio.Nursery, r: Round, frame: wire.Frame | None, recv: float) -> None:
+    def verify(self, r: Round, frame: wire.Frame | None, recv: float) -> None:
         """The exact rule over the round's logits (a ring of one stage: its own, `frame` None); the verdict is due
         when the entry's compute, padded to its cost, ends."""
         base, k = r.pos + 1, r.k
@@ -227,7 +233,7 @@ class OverlapMode(Sequenced):
             return accepted, nxt, [overlap(p[i], r.qs[i]) for i in range(k)]
 
         result, ready_at = end_lap(self.ring, r.pending, frame, recv, decide)
-        nursery.start_soon(self.verdict_at, ready_at, r, result)
+        self.verdicts_in.send_nowait((ready_at, r, result))
 
     def take_verdict(self, nursery: trio.Nursery, r: Round, result: tuple[int, int, list[float]]) -> None:
         """Keep the verdict's tokens, report the round; on a miss start a new branch."""
@@ -275,6 +281,7 @@ class OverlapMode(Sequenced):
         still out (False: a restart follows)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.pump)
+            nursery.start_soon(self.deliver)
             self.branch = None
             self.new_branch(nursery)
             while not self.done:
@@ -289,7 +296,7 @@ class OverlapMode(Sequenced):
                     raise PeerTimeout(f"stage 0: no frame back within {self.ring.lap_timeout_s:g} s (box time) with "
                                       f"{len(self.by_lap)} rounds out") from exc
                 if kind == "frame":
-                    self.head(nursery, *item)
+                    self.head(*item)
                 elif branch != self.branch.number:
                     continue  # from a branch dropped since
                 elif kind == "drafted":
@@ -297,7 +304,7 @@ class OverlapMode(Sequenced):
                 elif kind == "verdict":
                     self.take_verdict(nursery, *item)
                 if not self.done:
-                    await self.send_ready(nursery)
+                    await self.send_ready()
             nursery.cancel_scope.cancel()
         return True
 
