@@ -4,6 +4,8 @@ study's options (agents.modes.speculative.positional, testbed.studies.acceptance
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 import testbed
@@ -43,6 +45,67 @@ def test_two_states_weigh_each_vector_by_how_often_rounds_start_in_it():
     share = 0.5 / 0.7
     assert positional.two_state_gamma([0.5], [0.8], 1) == pytest.approx(1 + share * 0.8 + (1 - share) * 0.5)
     assert positional.two_state_gamma([0.5], [1.0], 1) == pytest.approx(2.0)  # once all accepted, always
+
+
+def exact_sequences(k: int, weights: dict[bool, tuple[int, ...]]) -> list[list[tuple[int, int]]]:
+    """Two-round sequences whose counts are exactly a two-state chain's at K: weights[full] are the integer weights
+    (one common total) of accepting m = 0..K after a residual (False) or after the target's token (True, also the
+    prefill's). The first round follows the prefill; every first outcome is followed by every outcome of the state it
+    leads to, each as often as the product of their weights."""
+    sequences = []
+    for first, w_first in enumerate(weights[True]):
+        for second, w_second in enumerate(weights[first == k]):
+            sequences += [[(k, first), (k, second)]] * (w_first * w_second)
+    return sequences
+
+
+def test_the_conditional_form_predicts_a_two_state_chain_exactly():
+    """After a residual the chain accepts drafts 0, 1 with 1/2, 1/2; after the target's token with 3/4, 1/2 (K = 2:
+    accept 0, 1, 2 with 4/8, 2/8, 2/8 and 2/8, 3/8, 3/8). Exactly: f_R = 1/4, f_T = 3/8 (all accepted), a round starts
+    after the target's token in f_R / (1 - f_T + f_R) = 2/7 of rounds, and Gamma = 5/7 x 7/4 + 2/7 x 17/8 = 13/7."""
+    sequences = exact_sequences(2, {False: (4, 2, 2), True: (2, 3, 3)})
+    chain = positional.StartAcceptance.of(sequences, cap=0)
+    assert chain.vector((0, False)) == (0.5, 0.5) and chain.vector((0, True)) == (0.75, 0.5)
+    after_residual, after_target = (Fraction(1, 2), Fraction(1, 2)), (Fraction(3, 4), Fraction(1, 2))
+    f_r, f_t = after_residual[0] * after_residual[1], after_target[0] * after_target[1]
+    share = f_r / (1 - f_t + f_r)
+    exact = (1 - share) * (1 + after_residual[0] + f_r) + share * (1 + after_target[0] + f_t)
+    assert exact == Fraction(13, 7)
+    assert chain.gamma(2) == pytest.approx(float(exact), abs=1e-12)
+    assert chain.stationary(2)[(0, True)] == pytest.approx(2 / 7, abs=1e-12)
+    assert chain.gamma(2) == pytest.approx(positional.two_state_gamma((0.5, 0.5), (0.75, 0.5), 2), abs=1e-12)
+    # one vector pools the starts as these short sequences mix them (half their rounds follow the prefill), not as a
+    # long run at K = 2 does
+    assert positional.predict_gamma(positional_acceptance(r for q in sequences for r in q).vector, 2) != \
+        pytest.approx(float(exact), abs=1e-3)
+
+
+def test_the_conditional_form_is_the_plain_one_when_the_start_does_not_matter():
+    """Every start accepts with the same vector (a calibrated i.i.d. draft's, exactly): whatever the cap, the chain's
+    mix weighs one reward and Gamma(K) is predict_gamma's at every K."""
+    sequences = exact_sequences(2, {False: (4, 1, 3), True: (4, 1, 3)})  # a = (1/2, 3/4) after either start
+    vector = positional_acceptance(r for q in sequences for r in q).vector
+    assert vector == (0.5, 0.75)
+    for cap in (0, 1, 3):
+        chain = positional.StartAcceptance.of(sequences, cap)
+        for k in range(1, 6):
+            assert chain.gamma(k) == pytest.approx(positional.predict_gamma(vector, k), abs=1e-12), (cap, k)
+    assert chain.best_k(0.005, 0.033, 0.28, 16) == positional.best_k(vector, 0.005, 0.033, 0.28, 16)
+
+
+def test_the_start_chain_s_distribution_is_stationary():
+    """Three start states (cap 1): pi_K from the elimination satisfies pi P = pi, the transitions being each state's
+    outcomes (accept m < K: to (min(m, 1), False); all K: to (1, True))."""
+    vectors = {(0, False): (0.55, 0.7, 0.8), (1, False): (0.6, 0.75, 0.8), (1, True): (0.8, 0.85, 0.9)}
+    pi = positional.stationary_starts(vectors, 3, 1)
+    assert sum(pi.values()) == pytest.approx(1.0) and min(pi.values()) > 0
+    after = dict.fromkeys(vectors, 0.0)
+    for state, share in pi.items():
+        for m, p in enumerate(positional.outcomes(vectors[state], 3)):
+            after[positional.start_after(3, m, 1)] += share * p
+    assert after == pytest.approx(pi, abs=1e-12)
+    assert positional.states_at(3, 1) == sorted(vectors)
+    assert positional.outcomes((0.5, 0.5), 2) == [0.5, 0.25, 0.25]
 
 
 def test_bad_rounds_and_counts_are_refused():
@@ -111,7 +174,7 @@ def test_the_per_position_prediction_beats_the_iid_one_on_held_out_prompts(geo_r
     vector than to Gamma(alpha_hat, 8) with alpha_hat from the same rounds (its a_i rise with i, and a round accepts
     more after the target's own token than after a residual). Eight prompts a set: the prompts differ so much that
     with fewer the held-out Gamma is as often nearer one as the other (docs/studies/acceptance.md)."""
-    from testbed.studies.acceptance.measure import (alpha_hat_of, counts_by_start, counts_of, measured_gamma,
+    from testbed.studies.acceptance.measure import (alpha_hat_of, conditional, counts_of, measured_gamma,
                                                     prompt_sets, text_ids)
 
     spec = speculation(geo_ring, "trained")
@@ -120,8 +183,8 @@ def test_the_per_position_prediction_beats_the_iid_one_on_held_out_prompts(geo_r
     calibrated = runs_on(spec, calibration, 8, 48)
     vector = counts_of(calibrated).vector
     assert vector[-1] > vector[0] + 0.1  # not i.i.d.
-    after_residual, after_target = counts_by_start(calibrated)
-    assert after_target.vector[0] > after_residual.vector[0]
+    by_start = conditional(calibrated, 1)
+    assert by_start.pooled(True).vector[0] > by_start.pooled(False).vector[0]
     measured = measured_gamma(runs_on(spec, held_out, 8, 48))
     per_position = positional.predict_gamma(vector, 8)
     iid = physics.gamma(alpha_hat_of(calibrated), 8)
@@ -130,7 +193,8 @@ def test_the_per_position_prediction_beats_the_iid_one_on_held_out_prompts(geo_r
 
 @pytest.mark.parametrize(("options", "key"), [({"draft": "medusa"}, "--draft"), ({"alpha": 1.5}, "--alpha"),
                                               ({"k_cal": 0}, "--k-cal"), ({"prompts": 500}, "--prompts"),
-                                              ({"tokens": 400}, "--tokens")])
+                                              ({"tokens": 400}, "--tokens"), ({"prompts": "most"}, "--prompts"),
+                                              ({"cap": -1}, "--cap")])
 def test_a_bad_option_is_a_config_error_naming_it(options, key):
     with pytest.raises(ConfigError, match=f"^{key}: expected"):
         testbed.study("acceptance", **options)
@@ -144,7 +208,7 @@ def test_the_study_prints_its_table_and_writes_its_json(tmp_path, capsys):
     path = tmp_path / "acceptance.json"
     assert cli.main(["acceptance", "--prompts", "2", "--tokens", "12", "--k-cal", "3", "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "per-position Γ" in out and "iid Γ(α̂, K)" in out
+    assert "conditional Γ" in out and "per-position Γ" in out and "iid Γ(α̂, K)" in out and "wall time" in out
     result = AcceptanceResult.from_json(path.read_text())
     assert [r.k for r in result.acceptance_rows] == [1, 2, 3] and len(result.positions) == 3
     assert parse_acceptance(result.to_dict(), str(path)).result == result

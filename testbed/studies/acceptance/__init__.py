@@ -12,9 +12,10 @@ from rich.console import Console
 from testbed.studies.acceptance import figures
 from testbed.studies.base import ReportPart, Study
 
-K_CAL = 8  # drafts a calibration round: every position up to it is observed
-PROMPTS = 12  # prompts a set (calibration, held out)
-TOKENS = 48  # tokens each prompt is continued for, at every K
+K_CAL = 8  # calibration rounds draw K from 1..K_CAL: every start state and position up to it is observed
+CAP = 1  # start states (agents.modes.speculative.positional.StartAcceptance): accepted counts of the round before
+PROMPTS = "8"  # prompts a set (calibration, held out); "all": half the text's windows each
+TOKENS = 64  # tokens each prompt is continued for, at every K
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +29,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, metavar="A", help="the calibrated draft's acceptance rate (default "
                                                                  "the scenario's decode.alpha)")
     parser.add_argument("--k-cal", type=int, default=K_CAL, metavar="K",
-                        help=f"drafts a calibration round; held-out Gamma is measured at K = 1..K (default {K_CAL})")
-    parser.add_argument("--prompts", type=int, default=PROMPTS, metavar="N",
-                        help=f"prompts in each of the two disjoint sets (default {PROMPTS})")
+                        help=f"calibration rounds draw K from 1..K; held-out Gamma is measured at K = 1..K "
+                             f"(default {K_CAL})")
+    parser.add_argument("--cap", type=int, default=CAP, metavar="M",
+                        help=f"start states: the round before accepted 0..M (M: M or more) drafts, all it drafted or "
+                             f"not (default {CAP}; 0: after a residual or after the target's token)")
+    parser.add_argument("--prompts", default=PROMPTS, metavar="N|all",
+                        help=f"prompts in each of the two disjoint sets; all: half the text's windows each "
+                             f"(default {PROMPTS})")
     parser.add_argument("--tokens", type=int, default=TOKENS, metavar="T",
                         help=f"tokens each prompt is continued for, at every K (default {TOKENS})")
     parser.add_argument("--seed", type=int, default=0, help="which windows go to which set, and the draws (default 0)")

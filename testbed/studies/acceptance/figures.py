@@ -11,8 +11,8 @@ from testbed.scenario.validate import check_count, check_number, check_text, rec
 from testbed.studies.acceptance.result import AcceptanceResult
 
 DRAFTS = ("trained", "calibrated")
-ROW_POSITIVE = ("measured_gamma", "positional_gamma", "iid_gamma")  # a round yields at least one token
-ROW_NON_NEGATIVE = ("measured_se", "positional_se")
+ROW_POSITIVE = ("measured_gamma", "conditional_gamma", "positional_gamma", "iid_gamma")  # at least one token a round
+ROW_NON_NEGATIVE = ("measured_se", "conditional_se", "conditional_error_se", "positional_se", "iid_error_se")
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,17 @@ def parse_acceptance(data: dict, source: str) -> SourcedAcceptance:
 
 def acceptance_markdown(items: Sequence[SourcedAcceptance]) -> list[str]:
     lines = ["Tokens a round on held-out prompts, measured ± its standard error, next to Γ predicted from the "
-             "calibration prompts' positional vector (1 + Σ S_i) and from α̂ alone (i.i.d.).", "",
-             "| source | draft | K | measured Γ | per-position Γ | err % | iid Γ(α̂, K) | err % |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "calibration prompts: by start state (the start chain's mix at K), from one positional vector "
+             "(1 + Σ S_i) and from α̂ alone (i.i.d.); errors ± their standard errors.", "",
+             "| source | draft | K | measured Γ | conditional Γ | err % | per-position Γ | err % | iid Γ(α̂, K) | err % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for item in items:
         r = item.result
         draft = r.draft + (f" α {r.alpha:g}" if r.alpha is not None else "")
         for row in r.acceptance_rows:
             lines.append(f"| {item.source} | {draft} | {row.k} | {row.measured_gamma:.3f} ± {row.measured_se:.3f} | "
-                         f"{row.positional_gamma:.3f} | {row.positional_error_pct:+.2f} | {row.iid_gamma:.3f} | "
-                         f"{row.iid_error_pct:+.2f} |")
+                         f"{row.conditional_gamma:.3f} | {row.conditional_error_pct:+.2f} ± "
+                         f"{row.conditional_error_se:.2f} | {row.positional_gamma:.3f} | "
+                         f"{row.positional_error_pct:+.2f} ± {row.positional_error_se:.2f} | {row.iid_gamma:.3f} | "
+                         f"{row.iid_error_pct:+.2f} ± {row.iid_error_se:.2f} |")
     return lines

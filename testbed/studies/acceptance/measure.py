@@ -1,10 +1,12 @@
 """python -m testbed acceptance: acceptance per draft position, calibrated on one set of prompts, checked on another.
 
 The i.i.d. form Gamma(alpha_hat, K) misses the tokens a round of the shipped draft/target pair yields (acceptance is
-not i.i.d. across draft positions). This study measures the positional vector a_i = P(accept draft i | drafts 0..i-1
-accepted) (agents.modes.speculative.positional) at K_cal on a calibration set of prompts, predicts Gamma(K) =
-1 + sum_{i<K} S_i and K* from it, beside Gamma(alpha_hat, K) with alpha_hat from the same rounds, then measures Gamma
-at every K in 1..K_cal on held-out prompts and prints each prediction's error.
+not i.i.d. across draft positions), and so does one positional vector (a round's acceptance also depends on how the
+round before ended, and the mix of ends depends on K). This study calibrates on rounds whose K is drawn afresh from
+1..K_cal each round (so every start state and position up to K_cal is observed), predicts Gamma(K) and K* from them
+three ways (agents.modes.speculative.positional: the start-state chain StartAcceptance, one vector, i.i.d. from
+alpha_hat), then measures Gamma at every K in 1..K_cal on held-out prompts and prints each prediction's error with its
+standard error.
 
 Offline, not on a ring: acceptance is a property of the two models, the rule and the text, not of the ring, which
 only adds time. So the rounds run in this process with the real models (the scenario's target and the draft a
@@ -15,20 +17,21 @@ verifies a block [last token] + K drafts with its KV cache, and the same seed gi
 
 Prompts are windows of the shipped prompt text (agents.zoo.prompts.SOURCE, which synthetic prompts are windows of):
 window w is its tokens [64 w, 64 (w + 1)); a seeded shuffle of the windows gives the calibration set and a disjoint
-held-out set. Each
-prompt is continued for the same number of tokens at every K, so every K covers the same stretch of text (rounds
-that stopped at a fixed count would reach further into the text at a larger K). Random draws are keyed by prompt
-and position (PositionRandom): the same draws at every K. Standard errors are the jackknife over prompts (the rounds
-of one prompt are correlated; prompts are independent).
+held-out set (--prompts all: every window, half in each). Each prompt is continued for the same number of tokens at
+every K, so every K covers the same stretch of text (rounds that stopped at a fixed count would reach further into the
+text at a larger K). Random draws are keyed by prompt and position (PositionRandom): the same draws at every K.
+Standard errors are the jackknife over prompts (the rounds of one prompt are correlated; prompts are independent);
+an error's combines the prediction's and the measurement's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,12 +46,15 @@ from testbed.core import physics
 from testbed.core.clock import MONOTONIC
 from testbed.core.errors import ConfigError
 from testbed.scenario.config import Scenario
+from testbed.studies.acceptance import CAP
 from testbed.studies.acceptance.figures import DRAFTS
 from testbed.studies.acceptance.result import AcceptanceResult, AcceptanceRow, PositionRow
 from testbed.studies.base import ensure_models_on, log_to, make_scenario, print_tables, results_path, write_json
 
 PROMPT_TOKENS = 64  # each prompt's window of the shipped text
 SEED_STRIDE = 100_003  # prompt p of seed s draws with PositionRandom(s * SEED_STRIDE + p): its own draws
+K_DRAWS = 7919  # calibration prompt p of seed s draws its rounds' K with random.Random((s SEED_STRIDE + p) K_DRAWS + 1)
+BAR_PCT = 2.0  # issue 51's bar on the per-position prediction's error
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,11 @@ def text_ids(vocabulary) -> tuple[int, ...]:
     return tuple(vocabulary.encode(SOURCE.read_text()))
 
 
-def prompt_sets(n: int, seed: int, text_tokens: int) -> tuple[list[int], list[int]]:
-    """Calibration and held-out windows (window w: tokens [w P, (w + 1) P) of the text), n each, disjoint: a seeded
-    shuffle of every whole window."""
+def prompt_sets(n: int | None, seed: int, text_tokens: int) -> tuple[list[int], list[int]]:
+    """Calibration and held-out windows (window w: tokens [w P, (w + 1) P) of the text), n each (None: half the
+    windows each), disjoint: a seeded shuffle of every whole window."""
     windows = text_tokens // PROMPT_TOKENS
+    n = windows // 2 if n is None else n
     if not 1 <= n <= windows // 2:
         raise ConfigError(f"expected 1..{windows // 2} prompts a set (the shipped text has {windows} windows of "
                           f"{PROMPT_TOKENS} tokens, two sets), got {n}", key="--prompts")
@@ -108,8 +115,10 @@ class Speculation:
         self.draft_passes = 0
 
     @torch.inference_mode()
-    def continue_prompt(self, prompt: list[int], k: int, tokens: int, rand: PositionRandom) -> tuple[Round, ...]:
-        """Rounds at K until `tokens` tokens follow the prompt's first (the prefill's) token."""
+    def continue_prompt(self, prompt: list[int], k: int | Callable[[int], int], tokens: int,
+                        rand: PositionRandom) -> tuple[Round, ...]:
+        """Rounds at K (or at k(r) drafts in round r) until `tokens` tokens follow the prompt's first (the prefill's)
+        token."""
         target, temperature = self.target, self.temperature
         n_layer = target.config.n_layer
         drafter = Drafter(self.draft_model, self.draft, self.alpha, temperature, 0.0, rand, MONOTONIC)
@@ -120,8 +129,9 @@ class Speculation:
                                rand.generator(len(sequence), PositionRandom.RESIDUAL)))
         rounds, generated = [], 0
         while generated < tokens:
+            k_round = k(len(rounds)) if callable(k) else k
             context, drafts, qs = list(sequence), [], []
-            for _ in range(k):
+            for _ in range(k_round):
                 token, q, took = drafter.step(context)
                 self.draft_real_s += took
                 drafts.append(token)
@@ -135,7 +145,8 @@ class Speculation:
             accepted, nxt = verify(drafts, qs, p, lambda offset, purpose: rand.generator(base + offset, purpose))
             new_tokens = drafts[:accepted] + [nxt]
             sequence.extend(new_tokens)
-            rounds.append(Round(k, accepted, tuple(new_tokens), sum(overlap(p[i], qs[i]) for i in range(k))))
+            rounds.append(Round(k_round, accepted, tuple(new_tokens),
+                                sum(overlap(p[i], qs[i]) for i in range(k_round))))
             generated += accepted + 1
         self.draft_passes += sum(r.k for r in rounds)
         return tuple(rounds)
@@ -150,21 +161,13 @@ def counts_of(runs: Sequence[PromptRounds]) -> PositionalAcceptance:
     return positional_acceptance((r.k, r.accepted) for run in runs for r in run.rounds)
 
 
-def counts_by_start(runs: Sequence[PromptRounds]) -> tuple[PositionalAcceptance, PositionalAcceptance]:
-    """The counts of the rounds that start after a residual token (the round before rejected a draft), and of those
-    that start after a token drawn from the target's p (the round before accepted all K, or the prefill)."""
-    after = {"residual": [], "target": []}
-    for run in runs:
-        start = "target"
-        for r in run.rounds:
-            after[start].append((r.k, r.accepted))
-            start = "target" if r.accepted == r.k else "residual"
-    return positional_acceptance(after["residual"]), positional_acceptance(after["target"])
+def sequences(runs: Sequence[PromptRounds]) -> list[list[tuple[int, int]]]:
+    """Each prompt's rounds as (K, accepted) pairs, in order."""
+    return [[(r.k, r.accepted) for r in run.rounds] for run in runs]
 
 
-def two_state(runs: Sequence[PromptRounds], k: int) -> float:
-    after_residual, after_target = counts_by_start(runs)
-    return positional.two_state_gamma(after_residual.vector, after_target.vector, k)
+def conditional(runs: Sequence[PromptRounds], cap: int) -> positional.StartAcceptance:
+    return positional.StartAcceptance.of(sequences(runs), cap)
 
 
 def alpha_hat_of(runs: Sequence[PromptRounds]) -> float:
@@ -174,6 +177,18 @@ def alpha_hat_of(runs: Sequence[PromptRounds]) -> float:
 
 def error_pct(predicted: float, measured: float) -> float:
     return (predicted / measured - 1) * 100
+
+
+def error_se(predicted: float, predicted_se: float, measured: float, measured_se: float) -> float:
+    """The standard error of error_pct, in points: the two sets' prompts are disjoint, so their errors add in
+    quadrature (delta method on predicted / measured)."""
+    return 100 * math.hypot(predicted_se / measured, predicted * measured_se / measured ** 2)
+
+
+def met(error: float, se: float) -> str:
+    """Whether |error| < BAR_PCT, and how many standard errors the margin to the bar is."""
+    margin = (BAR_PCT - abs(error)) / se if se > 0 else math.inf
+    return f"{'yes' if abs(error) < BAR_PCT else 'no'} ({margin:+.1f} SE)"
 
 
 def timings(scenario: Scenario, speculation: Speculation) -> tuple[float, float, float]:
@@ -194,14 +209,39 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def measure(scenario: Scenario, draft: str, alpha: float, k_cal: int, prompts: int, tokens: int, seed: int,
-            log) -> AcceptanceResult:
+def run_windows(speculation: Speculation, text: Sequence[int], windows: list[int], k: int | None, k_cal: int,
+                tokens: int, seed: int) -> list[PromptRounds]:
+    """Each window continued at K, or (None) with K drawn from 1..K_cal afresh each round."""
+    runs = []
+    for w in windows:
+        key = seed * SEED_STRIDE + w
+        draws = random.Random(key * K_DRAWS + 1)
+        ks = [draws.randint(1, k_cal) for _ in range(tokens + 1)]  # a round adds >= 1 token: enough rounds
+        runs.append(PromptRounds(w, k or 0, speculation.continue_prompt(
+            list(text[w * PROMPT_TOKENS:(w + 1) * PROMPT_TOKENS]), k or (lambda r, ks=ks: ks[r]), tokens,
+            PositionRandom(key))))
+    return runs
+
+
+def position_rows(counts: PositionalAcceptance, by_start: positional.StartAcceptance,
+                  alpha_hat: float) -> tuple[PositionRow, ...]:
+    """The calibration vector, position by position, with the vectors after a residual and after the target's token."""
+    after_residual, after_target = by_start.pooled(False), by_start.pooled(True)
+    split = lambda counts, i: counts.vector[i] if i < len(counts.vector) else None  # noqa: E731
+    reached = lambda counts, i: counts.reached[i] if i < len(counts.reached) else 0  # noqa: E731
+    return tuple(PositionRow(i, counts.reached[i], a, se, s, alpha_hat ** (i + 1), split(after_residual, i),
+                             reached(after_residual, i), split(after_target, i), reached(after_target, i))
+                 for i, (a, se, s) in enumerate(zip(counts.vector, counts.standard_errors, counts.survival)))
+
+
+def measure(scenario: Scenario, draft: str, alpha: float, k_cal: int, prompts: int | None, tokens: int, seed: int,
+            log, cap: int = CAP) -> AcceptanceResult:
     with one_thread():
-        return _measure(scenario, draft, alpha, k_cal, prompts, tokens, seed, log)
+        return _measure(scenario, draft, alpha, k_cal, prompts, tokens, seed, log, cap)
 
 
-def _measure(scenario: Scenario, draft: str, alpha: float, k_cal: int, prompts: int, tokens: int, seed: int,
-             log) -> AcceptanceResult:
+def _measure(scenario: Scenario, draft: str, alpha: float, k_cal: int, prompts: int | None, tokens: int, seed: int,
+             log, cap: int) -> AcceptanceResult:
     from agents.process.shared import draft_name, shared_model
 
     started = time.perf_counter()
@@ -215,72 +255,69 @@ def _measure(scenario: Scenario, draft: str, alpha: float, k_cal: int, prompts: 
     calibration, held_out = prompt_sets(prompts, seed, len(text))
     speculation = Speculation(target, draft_model, draft, alpha, scenario.decode.temperature)
 
-    def run_set(windows: list[int], k: int) -> list[PromptRounds]:
-        return [PromptRounds(w, k, speculation.continue_prompt(list(text[w * PROMPT_TOKENS:(w + 1) * PROMPT_TOKENS]),
-                                                               k, tokens, PositionRandom(seed * SEED_STRIDE + w)))
-                for w in windows]
+    def run_set(windows: list[int], k: int | None) -> list[PromptRounds]:
+        return run_windows(speculation, text, windows, k, k_cal, tokens, seed)
 
-    log(f"calibrating at K = {k_cal} on {prompts} prompts ({draft} draft)")
-    calibrated = run_set(calibration, k_cal)
-    counts = counts_of(calibrated)
+    log(f"calibrating with K drawn from 1..{k_cal} each round on {len(calibration)} prompts ({draft} draft)")
+    calibrated = run_set(calibration, None)
+    counts, by_start = counts_of(calibrated), conditional(calibrated, cap)
     vector, alpha_hat = counts.vector, alpha_hat_of(calibrated)
     if len(vector) < k_cal:
         raise ConfigError(f"no calibration round reached draft position {len(vector)}: more prompts or --tokens",
                           key="--prompts")
 
-    def predicted(runs: Sequence[PromptRounds], k: int) -> float:
-        return positional.predict_gamma(counts_of(runs).vector, k)
+    def row(k: int, runs: list[PromptRounds]) -> AcceptanceRow:
+        measured, measured_se = measured_gamma(runs), positional.jackknife_se(runs, measured_gamma)
+        models = (lambda kept: conditional(kept, cap).gamma(k),
+                  lambda kept: positional.predict_gamma(counts_of(kept).vector, k),
+                  lambda kept: physics.gamma(min(alpha_hat_of(kept), 1.0), k))
+        cells = []
+        for model in models:
+            gamma, se = model(calibrated), positional.jackknife_se(calibrated, model)
+            cells += [gamma, se, error_pct(gamma, measured), error_se(gamma, se, measured, measured_se)]
+        return AcceptanceRow(k, sum(len(r.rounds) for r in runs), measured, measured_se, *cells)
 
     rows, measured_by_k = [], {}
     for k in range(1, k_cal + 1):
-        runs = run_set(held_out, k)
-        measured = measured_gamma(runs)
-        measured_by_k[k] = measured
-        per_position = positional.predict_gamma(vector, k)
-        iid = physics.gamma(min(alpha_hat, 1.0), k)
-        by_start = two_state(calibrated, k)
-        log(f"held out, K = {k}: Gamma {measured:.3f} measured, {per_position:.3f} per position, {by_start:.3f} "
-            f"two-state, {iid:.3f} iid")
-        rows.append(AcceptanceRow(
-            k, sum(len(r.rounds) for r in runs), measured, positional.jackknife_se(runs, measured_gamma),
-            per_position, positional.jackknife_se(calibrated, lambda kept, k=k: predicted(kept, k)),
-            error_pct(per_position, measured), iid, error_pct(iid, measured), by_start,
-            positional.jackknife_se(calibrated, lambda kept, k=k: two_state(kept, k)), error_pct(by_start, measured)))
+        rows.append(row(k, run_set(held_out, k)))
+        r = rows[-1]
+        measured_by_k[k] = r.measured_gamma
+        log(f"held out, K = {k}: Gamma {r.measured_gamma:.3f} measured, {r.conditional_gamma:.3f} conditional, "
+            f"{r.positional_gamma:.3f} per position, {r.iid_gamma:.3f} iid")
     draft_s, compute_s, t_ring_s = timings(scenario, speculation)
-    after_residual, after_target = counts_by_start(calibrated)
-    split = lambda counts, i: counts.vector[i] if i < len(counts.vector) else None  # noqa: E731
-    positions = tuple(PositionRow(i, counts.reached[i], a, se, s, alpha_hat ** (i + 1), split(after_residual, i),
-                                  after_residual.reached[i] if i < len(after_residual.reached) else 0,
-                                  split(after_target, i), after_target.reached[i] if i < len(after_target.reached) else 0)
-                      for i, (a, se, s) in enumerate(zip(vector, counts.standard_errors, counts.survival)))
+    positions = position_rows(counts, by_start, alpha_hat)
     return AcceptanceResult(
         scenario.name, draft, alpha if draft == "calibrated" else None, scenario.decode.temperature, scenario.model,
-        k_cal, prompts, PROMPT_TOKENS, tokens, seed, tuple(calibration), tuple(held_out),
+        k_cal, cap, len(calibration), PROMPT_TOKENS, tokens, seed, tuple(calibration), tuple(held_out),
         sum(len(r.rounds) for r in calibrated), alpha_hat, counts.reached, counts.accepted, positions, tuple(rows),
-        draft_s * 1e3, compute_s * 1e3, t_ring_s * 1e3, *k_stars(vector, alpha_hat, measured_by_k, draft_s, compute_s,
-                                                                 t_ring_s), time.perf_counter() - started)
+        draft_s * 1e3, compute_s * 1e3, t_ring_s * 1e3,
+        *by_start.best_k(draft_s, compute_s, t_ring_s, k_cal),
+        *k_stars(vector, alpha_hat, measured_by_k, draft_s, compute_s, t_ring_s), time.perf_counter() - started)
 
 
 def tables(result: AcceptanceResult) -> list[Table]:
     draft = result.draft + (f" (alpha {result.alpha:g})" if result.alpha is not None else "")
     gamma = Table(title=f"{result.scenario}: tokens a round, {draft} draft, temperature {result.temperature:g}: "
-                        f"measured on {result.prompts} held-out prompts vs predicted from {result.prompts} calibration "
-                        f"prompts at K_cal = {result.k_cal} ({result.calibration_rounds} rounds, alpha-hat "
-                        f"{result.alpha_hat:.3f})")
-    for col in ("K", "rounds", "measured Γ", "± SE", "per-position Γ", "± SE", "err %", "two-state Γ", "± SE",
-                "err %", "iid Γ(α̂, K)", "err %"):
+                        f"measured on {result.prompts} held-out prompts ({result.tokens} tokens each) vs predicted "
+                        f"from {result.prompts} calibration prompts, K drawn from 1..{result.k_cal} each round "
+                        f"({result.calibration_rounds} rounds, alpha-hat {result.alpha_hat:.3f}); errors ± SE in "
+                        f"points")
+    for col in ("K", "rounds", "measured Γ ± SE", "conditional Γ", "err % ± SE", f"|err| < {BAR_PCT:g}%",
+                "per-position Γ", "err % ± SE", "iid Γ(α̂, K)", "err % ± SE"):
         gamma.add_column(col, justify="right")
     for r in result.acceptance_rows:
-        gamma.add_row(str(r.k), str(r.rounds), f"{r.measured_gamma:.3f}", f"{r.measured_se:.3f}",
-                      f"{r.positional_gamma:.3f}", f"{r.positional_se:.3f}", f"{r.positional_error_pct:+.2f}",
-                      f"{r.two_state_gamma:.3f}", f"{r.two_state_se:.3f}", f"{r.two_state_error_pct:+.2f}",
-                      f"{r.iid_gamma:.3f}", f"{r.iid_error_pct:+.2f}")
-    gamma.caption = (f"K* over 1..{result.k_cal} with c_d {result.draft_ms:g} ms, C {result.compute_ms:g} ms, T_ring "
-                     f"{result.t_ring_ms:g} ms: per-position {result.k_star_positional} "
-                     f"({result.k_star_positional_tok_s:.2f} tok/s), iid {result.k_star_iid} "
-                     f"({result.k_star_iid_tok_s:.2f} tok/s), measured {result.k_star_measured} "
-                     f"({result.k_star_measured_tok_s:.2f} tok/s); {result.wall_s:.1f} s")
-    vector = Table(title="The positional acceptance vector (calibration set)")
+        gamma.add_row(str(r.k), str(r.rounds), f"{r.measured_gamma:.3f} ± {r.measured_se:.3f}",
+                      f"{r.conditional_gamma:.3f}", f"{r.conditional_error_pct:+.2f} ± {r.conditional_error_se:.2f}",
+                      met(r.conditional_error_pct, r.conditional_error_se), f"{r.positional_gamma:.3f}",
+                      f"{r.positional_error_pct:+.2f} ± {r.positional_error_se:.2f}", f"{r.iid_gamma:.3f}",
+                      f"{r.iid_error_pct:+.2f} ± {r.iid_error_se:.2f}")
+    gamma.caption = (f"conditional: start states capped at {result.cap} accepted. K* over 1..{result.k_cal} with "
+                     f"c_d {result.draft_ms:g} ms, C {result.compute_ms:g} ms, T_ring {result.t_ring_ms:g} ms: "
+                     f"conditional {result.k_star_conditional} ({result.k_star_conditional_tok_s:.2f} tok/s), "
+                     f"per-position {result.k_star_positional} ({result.k_star_positional_tok_s:.2f} tok/s), iid "
+                     f"{result.k_star_iid} ({result.k_star_iid_tok_s:.2f} tok/s), measured {result.k_star_measured} "
+                     f"({result.k_star_measured_tok_s:.2f} tok/s); wall time {result.wall_s:.1f} s")
+    vector = Table(title="The positional acceptance vector (calibration rounds)")
     for col in ("i", "reached", "a_i", "± SE", "S_i", "iid α̂^(i+1)", "a_i after a residual (reached)",
                 "a_i after the target's token (reached)"):
         vector.add_column(col, justify="right")
@@ -312,6 +349,10 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"expected a calibration K within 1..32, got {args.k_cal}", key="--k-cal")
     if args.tokens < 1:
         raise ConfigError(f"expected tokens a prompt >= 1, got {args.tokens}", key="--tokens")
+    if args.cap < 0:
+        raise ConfigError(f"expected a cap >= 0, got {args.cap}", key="--cap")
+    if args.prompts != "all" and not str(args.prompts).isdigit():
+        raise ConfigError(f"expected a count or 'all', got {args.prompts!r}", key="--prompts")
 
 
 def run(args: argparse.Namespace, console: Console) -> AcceptanceResult:
@@ -319,7 +360,9 @@ def run(args: argparse.Namespace, console: Console) -> AcceptanceResult:
     scenario = make_scenario(args.scenario, overrides=list(args.overrides))
     ensure_models_on(console)
     alpha = scenario.decode.alpha if args.alpha is None else args.alpha
-    return measure(scenario, args.draft, alpha, args.k_cal, args.prompts, args.tokens, args.seed, log_to(console))
+    prompts = None if args.prompts == "all" else int(args.prompts)
+    return measure(scenario, args.draft, alpha, args.k_cal, prompts, args.tokens, args.seed, log_to(console),
+                   args.cap)
 
 
 def show(result: AcceptanceResult, args: argparse.Namespace, console: Console) -> None:
