@@ -170,8 +170,14 @@ def test_encode_decode_round_trip():
     assert decode(ids[:-1]).endswith("\ufffd")  # a cut multi-byte character is replaced, not an error
 
 
-def test_corpus_is_deterministic_and_mixes_code_docstrings_and_prose():
-    first, second = build_corpus(), build_corpus()
+@pytest.fixture(scope="module")
+def corpus():
+    """One build of the corpus for the tests that read it (~8 s of compiling the sources it quotes, each build)."""
+    return build_corpus()
+
+
+def test_corpus_is_deterministic_and_mixes_code_docstrings_and_prose(corpus):
+    first, second = corpus, build_corpus()
     assert first.train == second.train and first.val == second.val and first.sha256 == second.sha256
     assert len(first.train) > 1_000_000 and len(first.val) > 100_000
     kinds = {s.kind: s for s in first.kinds}
@@ -194,14 +200,16 @@ def test_load_model_rejects_unknown_name(tmp_path):
 
 
 @pytest.fixture
-def tiny_recipe(monkeypatch):
-    """Swap the real recipe for one that trains in well under a second, and count the trainings."""
+def tiny_recipe(monkeypatch, corpus):
+    """Swap the real recipe for one that trains in well under a second, and count the trainings. Every training reads
+    the module's one corpus (that two builds agree is the corpus test's, above)."""
     tiny_train = train.TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1)
     byte_level = dataclasses.replace(TINY, vocab_size=256)  # the corpus holds every byte value
     models = {"target": dataclasses.replace(byte_level, n_layer=2), "draft": dataclasses.replace(byte_level, n_layer=1)}
     monkeypatch.setattr(train, "MODEL_CONFIGS", models)
     monkeypatch.setattr(train, "TRAIN_CONFIGS", {"target": tiny_train, "draft": tiny_train})
     monkeypatch.setattr(train, "EVAL_WINDOWS_PER_KIND", 2)
+    monkeypatch.setattr(train, "build_corpus", lambda: corpus)
     calls = []
     real_train_model = train.train_model
 
@@ -278,9 +286,8 @@ def test_shipped_weights_are_found_again_by_a_changed_file(tmp_path, monkeypatch
 
 
 @torch.inference_mode()
-def test_shipped_fp16_weights_give_the_recorded_loss():
+def test_shipped_fp16_weights_give_the_recorded_loss(corpus):
     meta = train.read_shipped()
-    corpus = build_corpus()
     if corpus.sha256 != meta["corpus"]["sha256"]:
         pytest.skip(f"this machine builds corpus {corpus.sha256[:16]}, the weights were trained on {meta['corpus']['sha256'][:16]}")
     for name in train.MODEL_CONFIGS:

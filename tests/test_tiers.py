@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from netem.suite import suite_environment
 from tests.tiers import run_tiers
 
 pytestmark = pytest.mark.exact
@@ -25,3 +26,16 @@ def test_the_exact_tier_runs_idle_beside_fidelity_and_the_first_failure_is_the_s
     assert f"exact policy {os.SCHED_IDLE}" in out
     assert out.index("fidelity policy") < out.index("---- exact tier") < out.index("exact policy")
     assert f"(exit {exact_status})" in out
+
+
+def test_both_tiers_cache_bytecode_outside_the_sources_where_the_caller_turned_caching_off(capfd, monkeypatch):
+    """A caller's PYTHONDONTWRITEBYTECODE made every torch import compile from source; the tiers cache under the venv."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    says = "import sys; print('{name} caches', sys.dont_write_bytecode, sys.pycache_prefix, flush=True)"
+    assert run_tiers(*([sys.executable, "-c", says.format(name=name)] for name in ("exact", "fidelity"))) == 0
+    out = capfd.readouterr().out
+    cache = os.path.join(sys.prefix, "pycache")
+    assert f"exact caches False {cache}" in out and f"fidelity caches False {cache}" in out
+    assert suite_environment({"PYTHONDONTWRITEBYTECODE": "", "A": "b"}) == {"PYTHONDONTWRITEBYTECODE": "", "A": "b"}
+    assert suite_environment({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/c"}) == {"PYTHONPYCACHEPREFIX": "/c"}

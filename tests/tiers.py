@@ -6,7 +6,9 @@ The fidelity tier keeps one core busy on average (measured: 281 s of CPU in a 29
 budgets are measured inside each run; the exact tier runs on simulated time, so how much CPU it gets changes how
 long it takes, never what it measures. SCHED_IDLE gives it a core only while no other task wants it, and a
 fidelity process that wakes takes the core at once. The exact tier's output is held in a file and printed after
-the fidelity tier's; the status is the first failing one (fidelity's first).
+the fidelity tier's; the status is the first failing one (fidelity's first). Both may cache the bytecode they
+compile (netem.suite.suite_environment: where PYTHONDONTWRITEBYTECODE is set, every process that imports torch
+compiles it from source again).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+
+from netem.suite import suite_environment
+
 
 def idle_priority() -> None:
     """In the child before exec: SCHED_IDLE (nice 19 where the kernel refuses it), and Ctrl-C at its default."""
@@ -43,11 +48,12 @@ def run_tiers(exact: list[str], fidelity: list[str]) -> int:
     this process ignores it meanwhile, so that it waits for them and prints what the exact tier said.
     """
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    env = suite_environment()
     try:
         with tempfile.TemporaryFile() as held:
             background = subprocess.Popen(exact, stdin=subprocess.DEVNULL, stdout=held, stderr=subprocess.STDOUT,
-                                          preexec_fn=idle_priority)
-            fidelity_status = subprocess.Popen(fidelity, preexec_fn=default_sigint).wait()
+                                          preexec_fn=idle_priority, env=env)
+            fidelity_status = subprocess.Popen(fidelity, preexec_fn=default_sigint, env=env).wait()
             exact_status = background.wait()
             held.seek(0)
             print(f"\n---- exact tier, run beside the fidelity tier at idle priority (exit {exact_status}) ----",
