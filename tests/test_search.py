@@ -210,3 +210,81 @@ def test_the_memory_split_cuts_at_the_cumulative_memory_shares():
     assert space.memory_split((0, 1)) == ((67, 13), "")
     assert space.memory_split((1, 0)) == ((12, 68), "")  # floor(80 x 96 / 608) = 12
     assert space.memory_split((1,) * 7) == ((11, 11, 12, 11, 12, 11, 12), "")  # equal shares: the cuts floored
+
+
+# --- the goodput objectives (testbed.studies.search.goodput) ---------------------------------------------------
+
+SLO_WORKLOAD = {"prompt_tokens": 64, "output_tokens": 32, "goodput": "ttft:300 tpot:100", "requests": 200}
+
+
+def slo_workload(**overrides):
+    from testbed.studies.search.spec import Workload
+
+    return Workload(**{**SLO_WORKLOAD, **overrides})
+
+
+def goodput_at(t_ring_s: float, cap: int, **workload) -> float:
+    from agents.modes.serve.queueing import RingModel
+    from testbed.studies.search.goodput import goodput_of
+
+    model = RingModel(compute_s=0.02, per_token_s=0.0005, t_ring_s=t_ring_s, cap=cap,
+                      ttft_s=lambda prompt: 0.03 + t_ring_s)
+    return goodput_of(model, slo_workload(**workload))[0]
+
+
+def test_a_shorter_ring_has_the_higher_goodput_at_a_tight_ttft_target():
+    """The same stages on a 20 ms ring and a 120 ms one: the long ring's lap holds each slot longer and its solo TTFT
+    is most of a 200 ms target, so it meets the target at a lower rate (and at 150 ms not even alone)."""
+    short, long = goodput_at(0.02, 16, goodput="ttft:200"), goodput_at(0.12, 16, goodput="ttft:200")
+    assert short > 1.5 * long > 0
+    assert goodput_at(0.12, 16, goodput="ttft:140") == 0.0 < goodput_at(0.02, 16, goodput="ttft:140")
+
+
+def test_goodput_rises_with_the_cap():
+    rates = [goodput_at(0.05, cap) for cap in (2, 8, 32)]
+    assert rates[0] < rates[1] < rates[2]
+
+
+def test_the_goodput_objective_ranks_by_goodput_and_prints_it_beside_tok_s(capsys):
+    raw = {"model": "llama-3.1-8b", "objective": "goodput", "context": 4096, "workload": SLO_WORKLOAD,
+           "machines": [machine("4090s", "rtx-4090", "frankfurt", count=2),
+                        machine("a100", "a100-80gb", "paris")]}
+    result, _, ranking = searched(spec_from_dict(raw, "test"))
+    rates = [r.goodput_req_s for r in result.top]
+    assert all(rate is not None for rate in rates) and rates == sorted(rates, reverse=True) and rates[0] > 0
+    assert [s.objective for s in ranking[:len(rates)]] == rates
+    assert "SLO ttft:300 tpot:100 at p90" in result.workload
+
+
+@pytest.mark.parametrize("workload, objective, key", [
+    ({**SLO_WORKLOAD, "promt_tokens": 64}, "goodput", "workload.promt_tokens"),  # a misspelt key
+    ({**SLO_WORKLOAD, "attainment": 95}, "goodput", "workload.attainment"),  # no p95 in the model
+    ({**SLO_WORKLOAD, "goodput": "ttft:fast"}, "goodput", "workload.goodput"),
+    ({**SLO_WORKLOAD, "arrival": "trace"}, "goodput", "workload.arrival"),
+    ({**SLO_WORKLOAD, "output_tokens": 0}, "goodput", "workload.output_tokens"),
+    ({"prompt_tokens": 64}, "goodput_per_dollar", "workload.goodput"),  # the objective needs its SLO
+    (None, "goodput", "workload"),
+])
+def test_bad_workload_keys_are_named(workload, objective, key):
+    raw = {"model": "llama-3.1-8b", "objective": objective, "machines": [machine("a100", "a100-80gb", "paris")],
+           **({"workload": workload} if workload is not None else {})}
+    with pytest.raises(ConfigError) as caught:
+        spec_from_dict(raw, "test")
+    assert caught.value.key == key
+
+
+def test_confirm_serves_the_goodput_winner_on_virtual_time_and_prints_its_attainment(tmp_path, capsys, monkeypatch):
+    """Plumbing: the best ring of two stages or more served by the serve mode at its goodput (a short run), its
+    measured attainment printed beside the target and written to the JSON."""
+    from testbed.studies.search import goodput
+
+    monkeypatch.setattr(goodput, "CONFIRM_REQUESTS", 20)
+    path = write(tmp_path, 'model = "llama-3.1-8b"\nobjective = "goodput"\ncontext = 4096\n[workload]\n'
+                           'prompt_tokens = 32\noutput_tokens = 8\ngoodput = "ttft:2000 tpot:200"\n'
+                           '[[machines]]\nhardware = "rtx-4090"\nregion = "frankfurt"\ncount = 2\nprice_hour = 0.4\n')
+    out_json = tmp_path / "out.json"
+    assert cli.main(["search", str(path), "--confirm", "1", "--json", str(out_json)]) == 0
+    check = json.loads(out_json.read_text())["goodput_check"]
+    assert check["requests"] == 20 and check["target_pct"] == 90 and 0 <= check["measured_pct"] <= 100
+    assert check["rate_req_s"] > 0 and check["shaper"] == "virtual" and " -> " in check["ring"]
+    assert "measured SLO attainment" in capsys.readouterr().out

@@ -187,3 +187,26 @@ def test_every_request_figure_is_its_records():
     ttfts = sorted(request_ms(record)["ttft"] for record in row.records)
     assert len(row.records) == 5 and row.measured.median_ttft_ms == pytest.approx(ttfts[2], rel=1e-12)
     assert parse_serve(json.loads(result.to_json()), "api").result == result
+
+
+def test_against_virtual_serves_every_rate_again_and_states_each_percentiles_error():
+    """--against virtual (here the backend is itself virtual, as a stand-in that must agree to 0.00%)."""
+    import trio
+
+    from testbed.studies import STUDIES
+    from testbed.studies.serve.compare import compare_backend
+    from testbed.studies.serve.measure import parse_goodput, serving_scenario
+    from testbed.studies.serve.search import Server
+
+    args = STUDIES["serve"].parser().parse_args(["geo-ring", "--requests", "4", "--prompt-tokens", "16",
+                                                 "--output-tokens", "6", "--against", "virtual"])
+    real = Server(serving_scenario(args, parse_goodput(args.goodput)), "geo-ring", args, 90.0, lambda m: None)
+
+    async def both():
+        for rate in (0.5, 2.0):
+            await real.row(rate)
+        return await compare_backend(real, args, 90.0, lambda m: None)
+
+    row = trio.run(both)
+    assert row.kind == "backend" and [len(v.rows) for v in row.variants] == [2, 2]
+    assert row.note.count("+0.00%") == 8 and "0.5 req/s" in row.note and "2 req/s" in row.note

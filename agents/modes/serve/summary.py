@@ -79,13 +79,16 @@ def run_forecast(scenario: Scenario, lap_s: float) -> tuple[float, float, int]:
 
 
 def ring_model(scenario: Scenario) -> RingModel:
-    """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt. Under
-    decode.speculate a lap is the K drafts (K c_d, one batched pass each) and the stages' passes over K + 1 positions."""
+    """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt. A stage's
+    C is its pass over one stream and P what one more stream adds (StageConfig.cost_ms: compute_ms and per_token_ms,
+    or the roofline's at the workload's mean context, prompt and half its output). Under decode.speculate a lap is
+    the K drafts (K c_d, one batched pass each) and the stages' passes over K + 1 positions."""
     k = scenario.decode.settings(ServeSpecSettings).speculate
-    compute = (sum(st.cost_ms(k + 1) for st in scenario.stages) + k * scenario.decode.draft_ms) / 1e3 if k else \
-        scenario.emulated_compute_s
-    return RingModel(compute_s=compute,
-                     per_token_s=sum(st.per_token_ms for st in scenario.stages) / 1e3,
+    settings = scenario.decode.settings(ServeSettings)
+    context = settings.prompt_tokens + settings.output_tokens // 2
+    one = sum(st.cost_ms(k + 1, 1, context) for st in scenario.stages) / 1e3
+    two = sum(st.cost_ms(k + 1, 2, context) for st in scenario.stages) / 1e3
+    return RingModel(compute_s=one + k * scenario.decode.draft_ms / 1e3, per_token_s=two - one,
                      t_ring_s=scenario.t_ring_s, cap=cap_of(scenario),
                      ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens))
 

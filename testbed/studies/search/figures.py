@@ -10,6 +10,7 @@ from pathlib import Path
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
 from testbed.studies.search.measure import SearchResult
+from testbed.studies.search.spec import OBJECTIVES
 from testbed.studies.style import FIGURE_DPI, WALL_COLOURS, new_figure
 
 
@@ -23,7 +24,7 @@ def parse(data: dict, source: str) -> SourcedSearch:
     """A `testbed search --json` object -> a checked SearchResult; field errors become ConfigError."""
     result = record_from(SearchResult, data, source, "a search result")
     check_text(result.model, source, "model")
-    check_text(result.objective, source, "objective", ("tok_s", "tok_s_per_dollar"))
+    check_text(result.objective, source, "objective", OBJECTIVES)
     check_count(result.scored, 1, source, "scored")
     check_count(result.refused, 0, source, "refused")
     check_number(result.seconds, source, "seconds", minimum=0.0)

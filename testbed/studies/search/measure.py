@@ -14,23 +14,21 @@ import argparse
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import trio
 from rich.console import Console
 
 from testbed.core.errors import ConfigError
 from testbed.core.records import JsonRecord
-from testbed.deploy.rules import StageShare, stage_roofline
-from testbed.scenario.config import Scenario, scenario_from_dict
+from testbed.scenario.config import Scenario
 from testbed.studies.base import dilation_of, ensure_models_on, log_to
 from testbed.studies.search.space import Candidate, Frames, Scored, Space
-from testbed.studies.search.spec import SearchSpec, load_spec
+from testbed.studies.search import goodput
+from testbed.studies.search.scenarios import build, ring_text
+from testbed.studies.search.spec import PER_DOLLAR, SERVING, SearchSpec, load_spec
 
 TOP = 5  # candidates printed
 CONFIRM = 3  # candidates run on virtual time
-TEMPERATURE = 0.7  # a speculating run samples (the calibrated draft's acceptance is dialled at any temperature)
-MODE_NAMES = {"off": "plain", "sync": "speculative", "async": "overlap"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +54,8 @@ class CandidateRow(JsonRecord):
     tokens_per_round: float
     bottleneck: str  # the largest part of a round, in words
     queue_free: bool = True
+    goodput_req_s: float | None = None  # the goodput objectives: the highest rate the queueing model says meets
+    # the SLO (None: not served, as a speculating candidate or one outside the pool)
 
     @property
     def decode(self) -> str:
@@ -143,6 +143,8 @@ class SearchResult(JsonRecord):
     confirmations: tuple[Confirmation, ...] = ()
     verification: Confirmation | None = None  # --verify: the winner run on a real backend
     published: PublishedCase | None = None  # [published]: the measured deployment beside the search's split
+    workload: str = ""  # the goodput objectives: the [workload] served and its SLO, in words
+    goodput_check: goodput.GoodputCheck | None = None  # --confirm under a goodput objective
 
     @property
     def per_second(self) -> float:
@@ -154,41 +156,7 @@ def reference_scenario(spec: SearchSpec) -> Scenario:
     return build(spec, Candidate((0,), (spec.model.layers,), "even", "off"), Space(spec, None))  # type: ignore[arg-type]
 
 
-def build(spec: SearchSpec, c: Candidate, space: Space, name: str = "search") -> Scenario:
-    """The candidate as a scenario: a stage per machine in its region, the hops from the matrix, [geometry] the model,
-    each stage's roofline its layers on its devices (rules.stage_roofline; set after loading, as the scenario's own
-    split is even), the decode its mode at its K and window with a calibrated draft of the stated alpha."""
-    machines = [spec.machines[g] for g in c.stages]
-    names = list(dict.fromkeys(m.region for m in machines))
-    decode: dict[str, Any] = {"mode": MODE_NAMES[c.mode], "tokens": spec.tokens, "temperature": 0.0,
-                              "prompt_tokens": spec.prompt_tokens}
-    if c.mode != "off":
-        decode |= {"k": c.k, "draft": "calibrated", "alpha": spec.alpha, "temperature": TEMPERATURE,
-                   "draft_ms": space.draft_s(c.stages) * 1e3}
-    if c.mode == "async":
-        decode["window"] = c.window
-    raw = {
-        "name": name, "description": ring_text(spec, c),
-        "model": "target" if len(c.stages) <= 6 else "target-deep",
-        "geometry": {"preset": spec.model.name},
-        "regions": {"names": names, "source": spec.matrix.source,
-                    "one_way_ms": [[spec.matrix.ms(a, b) for b in names] for a in names]},
-        "stages": [{"name": f"s{i}-{m.name}", "region": m.region, "compute_ms": 1.0} for i, m in enumerate(machines)],
-        "network": {"rate_mbit": spec.rate_mbit} if spec.rate_mbit else {},
-        "decode": decode,
-    }
-    scenario = scenario_from_dict(raw, f"search {spec.source}")
-    stages = tuple(replace(st, compute_ms=0.0, hardware=m.hardware.name, devices=m.devices,
-                           roofline=stage_roofline(spec.model, StageShare(layers, i == 0), m.hardware, m.devices))
-                   for i, (st, m, layers) in enumerate(zip(scenario.stages, machines, c.layers)))
-    return replace(scenario, stages=stages)
-
-
-def ring_text(spec: SearchSpec, c: Candidate) -> str:
-    return " -> ".join(spec.machines[g].name for g in c.stages)
-
-
-def row(space: Space, s: Scored, rank: int) -> CandidateRow:
+def row(space: Space, s: Scored, rank: int, goodput_req_s: float | None = None) -> CandidateRow:
     spec, c = space.spec, s.candidate
     r = space.round_of(c)
     parts = {"compute": r.compute_s, "propagation": r.propagation_s, "serialization": r.serialization_s,
@@ -210,7 +178,7 @@ def row(space: Space, s: Scored, rank: int) -> CandidateRow:
     return CandidateRow(rank, ring_text(spec, c), tuple(m.name for m in machines), tuple(m.region for m in machines),
                         c.layers, c.split, c.mode, c.k, c.window, s.tok_s, s.cost_hour, s.objective,
                         r.compute_s * 1e3, r.propagation_s * 1e3, r.serialization_s * 1e3, r.draft_s * 1e3, r.tokens,
-                        words, r.queue_free)
+                        words, r.queue_free, goodput_req_s)
 
 
 def top_share(parts: dict[str, float], key: str, total: float) -> str:
@@ -258,16 +226,19 @@ def searched(spec: SearchSpec, top: int = TOP) -> tuple[SearchResult, Space, lis
         raise ConfigError(f"no deployment of {spec.model.name} fits the machines: {reasons}", source=spec.source,
                           key="machines")
     base = baseline(space, scored)
+    ranking, rates, words = scored, dict[Candidate, float](), ""
+    if spec.objective in SERVING:
+        ranking, rates, words = goodput.ranking(space, scored, spec.objective in PER_DOLLAR)
     case = replace(published_case(space), winner=row(space, scored[0], 1)) if spec.published is not None else None
     result = SearchResult(
         search=spec.source, model=spec.model.name, objective=spec.objective, alpha=spec.alpha, scored=len(scored),
         refused=sum(space.refused.values()), duplicates=space.duplicates, seconds=seconds, refusals=refusals,
         excluded=tuple(Refusal(why, n) for why, n in space.excluded.most_common()),
-        top=tuple(row(space, s, i + 1) for i, s in enumerate(scored[:top])),
-        baseline=row(space, base, 0) if base is not None else None,
-        pareto=tuple(row(space, s, 0) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)),
-        published=case)
-    return result, space, scored
+        top=tuple(row(space, s, i + 1, rates.get(s.candidate)) for i, s in enumerate(ranking[:top])),
+        baseline=row(space, base, 0, rates.get(base.candidate)) if base is not None else None,
+        pareto=tuple(row(space, s, 0, rates.get(s.candidate)) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)),
+        published=case, workload=words)
+    return result, space, ranking
 
 
 def published_case(space: Space) -> PublishedCase:
@@ -344,14 +315,20 @@ def run(args: argparse.Namespace, console: Console) -> SearchResult:
         spec = replace(spec, alpha=args.alpha, guess=args.alpha)
     if args.objective:
         spec = replace(spec, objective=args.objective)
-        if args.objective == "tok_s_per_dollar" and any(m.price_hour <= 0 for m in spec.machines):
-            raise ConfigError("tok_s_per_dollar needs every machine's price_hour > 0", source=spec.source,
+        if args.objective in PER_DOLLAR and any(m.price_hour <= 0 for m in spec.machines):
+            raise ConfigError(f"{args.objective} needs every machine's price_hour > 0", source=spec.source,
                               key="machines.price_hour")
+        if args.objective in SERVING and (spec.workload is None or not spec.workload.goodput):
+            raise ConfigError(f"{args.objective} needs a [workload] with its SLO targets (goodput = \"ttft:MS "
+                              f"tpot:MS\")", source=spec.source, key="workload.goodput")
     result, space, scored = searched(spec, args.top)
     log = log_to(console)
     log(f"scored {result.scored:,} candidates in {result.seconds:.2f} s ({result.per_second:,.0f} a second); "
         f"refused {result.refused:,} (memory), {result.duplicates:,} splits gave another's layers")
-    if args.confirm > 0:
+    if args.confirm > 0 and spec.objective in SERVING:
+        ensure_models_on(console)
+        result = replace(result, goodput_check=trio.run(goodput.confirm, spec, space, scored, args, log))
+    elif args.confirm > 0:
         ensure_models_on(console)
         base = baseline(space, scored)
         confirmations = trio.run(confirm, spec, space, scored, args.confirm, args, log,

@@ -2,7 +2,7 @@
 the objective and the constraints, read from TOML and checked; every error names the file and the key.
 
     model = "llama-3.1-70b"
-    objective = "tok_s"            # or "tok_s_per_dollar"
+    objective = "tok_s"            # or "tok_s_per_dollar", "goodput", "goodput_per_dollar" (these need [workload])
     [[machines]]
     hardware = "h100-sxm"
     devices = 8                    # accelerators in one machine (tensor parallel inside it, over NVLink)
@@ -19,6 +19,10 @@ the objective and the constraints, read from TOML and checked; every error names
 [regions] gives the one-way delays (names, one_way_ms; default: the shipped catalogue's), or `regions = "links.toml"`
 names a file that has them: `testbed probe --out`'s, whose rate_mbit (the slowest link's goodput) the search takes too
 unless the file states its own.
+
+[workload] states what the goodput objectives serve (testbed/studies/search/goodput.py): prompt_tokens,
+output_tokens, arrival (poisson, constant), the SLO (goodput = "ttft:MS tpot:MS"), attainment (50, 90 or 99: the
+percentile that must meet it), streams (the cap), requests (the run predicted) and seed.
 
 [published] names a deployment someone measured (../shared/PUBLISHED.md): every machine of the file, in the file's
 order (the first is the entry), split as the published system splits (`even`, or `memory`: exo's layers by memory
@@ -38,19 +42,25 @@ from testbed.core.errors import ConfigError
 from testbed.deploy.catalog import HardwarePreset, ModelPreset, hardware_preset, model_preset, regions
 from testbed.scenario.validate import check_keys, number, string
 
-OBJECTIVES = ("tok_s", "tok_s_per_dollar")
+OBJECTIVES = ("tok_s", "tok_s_per_dollar", "goodput", "goodput_per_dollar")
+PER_DOLLAR = ("tok_s_per_dollar", "goodput_per_dollar")
+SERVING = ("goodput", "goodput_per_dollar")  # objectives ranked by the serve mode's queueing model
 MODES = ("off", "sync", "async")  # speculation: none, synchronous (K*), overlapped (K* at each window)
 MAX_MACHINES = 16  # machines in all (sum of counts): the ring's stages at most
 MAX_WINDOW = 64
 EXAMPLES = ("example", "small")  # shipped input files, by name (testbed/studies/search/NAME.toml)
 
 TOP_KEYS = {"model", "objective", "prompt_tokens", "tokens", "context", "rate_mbit", "machines", "regions",
-            "speculation", "constraints", "published"}
+            "speculation", "constraints", "published", "workload"}
 MACHINE_KEYS = {"name", "hardware", "devices", "count", "region", "memory_gb", "price_hour"}
 SPEC_KEYS = {"draft", "alpha", "guess", "windows", "modes"}
 CONSTRAINT_KEYS = {"max_regions", "head_region", "memory_fraction"}
 REGION_KEYS = {"names", "one_way_ms", "source"}
 PUBLISHED_KEYS = {"row", "system", "split", "tok_s", "source", "assumed"}
+WORKLOAD_KEYS = {"prompt_tokens", "output_tokens", "arrival", "goodput", "attainment", "streams", "requests",
+                 "seed"}
+ARRIVALS = ("poisson", "constant")  # the open-loop arrivals the goodput search states (the serve mode's names)
+ATTAINMENTS = (50, 90, 99)  # percent: the percentiles the queueing model predicts (median, p90, p99)
 PUBLISHED_SPLITS = ("even", "memory")  # as a scenario splits a [geometry]; exo's layers by memory share
 
 
@@ -95,6 +105,21 @@ class Published:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """[workload]: the requests the goodput objectives serve (fixed lengths, open-loop arrivals), the SLO and the
+    share of requests that must meet it, and the streams cap (the KV memory may cap it lower)."""
+
+    prompt_tokens: int = 512
+    output_tokens: int = 128
+    arrival: str = "poisson"
+    goodput: str = ""  # vLLM's --goodput targets: "ttft:MS tpot:MS" (the serve mode's [workload].goodput)
+    attainment: int = 90  # percent: the stated percentile of TTFT and of TPOT must meet the targets
+    streams: int = 64  # requests in the ring at once at most (decode.streams of the serve run)
+    requests: int = 1000  # the run the prediction is of (a finite run's waiting tail depends on its length)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class SearchSpec:
     """A checked input file: what the search may combine and what it maximizes."""
 
@@ -116,6 +141,7 @@ class SearchSpec:
     head_region: str = ""  # "": any region may hold the entry (the embedding, the LM head, the draft)
     memory_fraction: float = 1.0  # of each machine's memory the weights, KV and draft may use
     published: Published | None = None  # a published deployment of these machines, to set beside the search's
+    workload: Workload | None = None  # [workload]: what the goodput objectives serve
 
     @property
     def decode_context(self) -> float:
@@ -187,7 +213,7 @@ def spec_from_dict(raw: dict, source: str = "<dict>") -> SearchSpec:
         max_regions=number(limits, "max_regions", 0, source, "constraints", integer=True, maximum=64),
         head_region=head,
         memory_fraction=number(limits, "memory_fraction", 1.0, source, "constraints", minimum=0.01, maximum=1.0),
-        published=_published(raw, source))
+        published=_published(raw, source), workload=_workload(raw, objective, model, source))
 
 
 def _published(raw: dict, source: str) -> Published | None:
@@ -201,6 +227,42 @@ def _published(raw: dict, source: str) -> Published | None:
                      tok_s=number(table, "tok_s", 0.0, source, "published", maximum=1e6),
                      source=string(table, "source", "", source, "published"),
                      assumed=string(table, "assumed", "", source, "published"))
+
+
+def _workload(raw: dict, objective: str, model: ModelPreset, source: str) -> Workload | None:
+    """[workload], checked (every bad key named); required, with its goodput targets, by the goodput objectives."""
+    if "workload" not in raw:
+        if objective in SERVING:
+            raise ConfigError(f"the objective {objective} needs a [workload] (prompt_tokens, output_tokens, goodput "
+                              f"= \"ttft:MS tpot:MS\", attainment)", source=source, key="workload")
+        return None
+    table = _table(raw, "workload", source)
+    check_keys(table, WORKLOAD_KEYS, source, "workload")
+    goodput = string(table, "goodput", "", source, "workload")
+    if goodput:
+        from agents.modes.serve.slo import Goodput
+
+        try:
+            Goodput.parse(goodput)
+        except ValueError as exc:
+            raise ConfigError(str(exc), source=source, key="workload.goodput") from exc
+    elif objective in SERVING:
+        raise ConfigError(f"the objective {objective} needs SLO targets: goodput = \"ttft:MS tpot:MS\"",
+                          source=source, key="workload.goodput")
+    attainment = number(table, "attainment", 90, source, "workload", integer=True, maximum=100)
+    if attainment not in ATTAINMENTS:
+        raise ConfigError(f"expected one of {', '.join(map(str, ATTAINMENTS))} (the percentiles the queueing model "
+                          f"predicts), got {attainment}", source=source, key="workload.attainment")
+    return Workload(
+        prompt_tokens=number(table, "prompt_tokens", 512, source, "workload", minimum=1, integer=True,
+                             maximum=model.context),
+        output_tokens=number(table, "output_tokens", 128, source, "workload", minimum=1, integer=True,
+                             maximum=model.context),
+        arrival=string(table, "arrival", "poisson", source, "workload", ARRIVALS), goodput=goodput,
+        attainment=attainment, streams=number(table, "streams", 64, source, "workload", minimum=1, integer=True,
+                                              maximum=4096),
+        requests=number(table, "requests", 1000, source, "workload", minimum=10, integer=True, maximum=100_000),
+        seed=number(table, "seed", 0, source, "workload", integer=True, maximum=2**31))
 
 
 def _table(raw: dict, key: str, source: str) -> dict:
@@ -287,8 +349,8 @@ def _machines(items: Any, matrix: Matrix, objective: str, source: str) -> tuple[
         if memory_gb != part.memory_gb:
             part = replace(part, memory_gb=memory_gb)
         price = number(table, "price_hour", 0.0, source, where, maximum=1e6)
-        if objective == "tok_s_per_dollar" and price <= 0:
-            raise ConfigError("the objective is tok_s_per_dollar: every machine needs its price_hour > 0",
+        if objective in PER_DOLLAR and price <= 0:
+            raise ConfigError(f"the objective is {objective}: every machine needs its price_hour > 0",
                               source=source, key=f"{where}.price_hour")
         out.append(Machine(name=string(table, "name", f"{part.name}@{region}", source, where), hardware=part,
                            devices=number(table, "devices", 1, source, where, minimum=1, maximum=4096, integer=True),

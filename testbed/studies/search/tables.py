@@ -10,21 +10,41 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.studies.base import dilation_cell, log_to, print_tables, write_json
+from testbed.studies.search.goodput import GoodputCheck
 from testbed.studies.search.measure import CandidateRow, Confirmation, PublishedCase, SearchResult
+from testbed.studies.search.spec import PER_DOLLAR, SERVING
 
 
 def candidates_table(title: str, rows: Sequence[CandidateRow], objective: str) -> Table:
     out = Table(title=title)
-    for col in ("#", "ring (entry first)", "layers", "split", "decode", "tok/s", "$/h",
-                *(("tok/s per $/h",) if objective == "tok_s_per_dollar" else ()),
+    serving, per_dollar = objective in SERVING, objective in PER_DOLLAR
+    for col in ("#", "ring (entry first)", "layers", "split", "decode", "tok/s",
+                *(("goodput req/s",) if serving else ()), "$/h",
+                *((f"{'req/s' if serving else 'tok/s'} per $/h",) if per_dollar else ()),
                 "compute ms", "links ms", "draft ms", "tok/round", "bottleneck"):
         out.add_column(col, justify="right")
     for r in rows:
         out.add_row(str(r.rank) if r.rank else "", f"{r.ring}", "/".join(map(str, r.layers)), r.split, r.decode,
-                    f"{r.tok_s:.2f}", f"{r.cost_hour:.2f}",
-                    *((f"{r.objective:.3f}",) if objective == "tok_s_per_dollar" else ()),
+                    f"{r.tok_s:.2f}", *((goodput_cell(r),) if serving else ()), f"{r.cost_hour:.2f}",
+                    *((f"{r.objective:.3f}",) if per_dollar else ()),
                     f"{r.compute_ms:.1f}", f"{r.propagation_ms + r.serialization_ms:.1f}", f"{r.draft_ms:.1f}",
                     f"{r.tokens_per_round:.2f}", r.bottleneck + ("" if r.queue_free else " (queues)"))
+    return out
+
+
+def goodput_cell(r: CandidateRow) -> str:
+    return "-" if r.goodput_req_s is None else f"{r.goodput_req_s:.3g}"
+
+
+def goodput_table(g: GoodputCheck) -> Table:
+    out = Table(title=f"The goodput winner served on {g.shaper} at its goodput (--confirm): SLO {g.slo}, measured "
+                      "beside the search's queueing model")
+    for col in ("ring", "rate req/s", "requests", "attainment % (target)", "TTFT ms (model)", "TPOT ms (model)",
+                "shaper"):
+        out.add_column(col, justify="right")
+    out.add_row(g.ring, f"{g.rate_req_s:g}", str(g.requests), f"{g.measured_pct:.1f} ({g.target_pct:g})",
+                f"{g.measured_ttft_ms:.1f} ({g.predicted_ttft_ms:.1f})",
+                f"{g.measured_tpot_ms:.1f} ({g.predicted_tpot_ms:.1f})", g.shaper)
     return out
 
 
@@ -100,9 +120,14 @@ def show(result: SearchResult, args: argparse.Namespace, console: Console) -> No
         tables.append(confirmations_table(result))
     if result.verification is not None:
         tables.append(verification_table(result.verification))
+    if result.goodput_check is not None:
+        tables.append(goodput_table(result.goodput_check))
     print_tables(console, tables)
     log = log_to(console)
     winner = result.top[0]
+    if result.workload:
+        log(f"served: {result.workload}; winner {winner.ring}: goodput {winner.goodput_req_s:.3g} req/s "
+            f"({winner.tok_s:.2f} tok/s for one stream)")
     if result.baseline is not None:
         log(f"winner {winner.ring} ({winner.split}, {winner.decode}): {winner.tok_s:.2f} tok/s at ${winner.cost_hour:.2f}"
             f"/h, {winner.tok_s / result.baseline.tok_s:.2f}x the best even-split co-located-first configuration "

@@ -26,6 +26,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", metavar="NAME:MS",
                         help="SLO targets as vLLM's --goodput: ttft:MS tpot:MS e2el:MS (any of them; a request is "
                              "good when it meets every one given)")
+    parser.add_argument("--against", choices=("virtual",),
+                        help="on a real backend, serve every rate again on simulated time and print each latency "
+                             "percentile's error against it")
     parser.add_argument("--compare", action="store_true",
                         help="issue 54's comparisons, a row each: geo vs co-located ring (the highest rate each "
                              "serves in the SLO), regional-first placement, speculation on vs off (needs --goodput)")

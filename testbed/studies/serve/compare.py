@@ -88,6 +88,26 @@ async def compare_placement(geo: Server, args: argparse.Namespace, target_pct: f
                       f"{rate:.4g} req/s ({PLACEMENT_LOAD:g} x the knee)", tuple(variants))
 
 
+async def compare_backend(real: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
+    """--against virtual: every rate the real backend served, served again on simulated time, and each latency
+    percentile of the real run against the virtual one's (the backend's own error under load: no model in between)."""
+    rates = sorted(real.rows)
+    log(f"against: the {len(rates)} rates again on the virtual backend")
+    virtual = Server(real.scenario, "virtual", argparse.Namespace(**{**vars(args), "shaper": "virtual"}), target_pct,
+                     log)
+    for rate in rates:
+        await virtual.row(rate)
+    parts = []
+    for rate in rates:
+        m, v = real.rows[rate].measured, virtual.rows[rate].measured
+        errors = [(f"{pct} {name}", getattr(m, f"{stat}_{name}_ms") / getattr(v, f"{stat}_{name}_ms") - 1)
+                  for name in ("ttft", "tpot") for pct, stat in (("p50", "median"), ("p99", "p99"))
+                  if getattr(v, f"{stat}_{name}_ms")]
+        parts.append(f"{rate:.4g} req/s: " + ", ".join(f"{what} {error * 100:+.2f}%" for what, error in errors))
+    variants = [dataclasses.replace(variant_of(s.scenario, s.label), rows=s.measured(rates)) for s in (real, virtual)]
+    return Comparison("backend", f"{real.shaper} against virtual", "; ".join(parts), tuple(variants))
+
+
 async def compare_speculation(geo: Server, args: argparse.Namespace, target_pct: float, log) -> Comparison:
     """Speculation on vs off: the scenario served with decode.speculate = K (its own, else SPEC_K) and without, the
     highest rate each serves within the SLO. Speculation shortens TPOT at light load; its K + 1 positions a row cost

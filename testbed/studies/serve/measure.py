@@ -42,7 +42,7 @@ from testbed.scenario.config import Scenario
 from testbed.scenario.validate import listed
 from testbed.studies.base import (dilation_cell, ensure_models_on, log_to, make_scenario, plan_runs, print_tables,
                                   results_path, write_json)
-from testbed.studies.serve.compare import compare_colocated, compare_placement, compare_speculation
+from testbed.studies.serve.compare import compare_backend, compare_colocated, compare_placement, compare_speculation
 from testbed.studies.serve.result import Comparison, ServeResult, ServeRow
 from testbed.studies.serve.search import Server, knee_of, rounded, search
 from testbed.studies.style import DASH
@@ -142,8 +142,10 @@ async def measure(args: argparse.Namespace, scenario: Scenario, rates: list[floa
         await server.row(rate)
     found = await search(server, knee, target_pct) if args.search else None
     comparisons: tuple[Comparison, ...] = ()
+    if args.against == "virtual" and server.shaper != "virtual":
+        comparisons += (await compare_backend(server, args, target_pct, log),)
     if args.compare:
-        comparisons = (await compare_colocated(server, args, target_pct, log),
+        comparisons += (await compare_colocated(server, args, target_pct, log),
                        await compare_placement(server, args, target_pct, log),
                        await compare_speculation(server, args, target_pct, log))
     return ServeResult(

@@ -104,7 +104,7 @@ class Comparison(JsonRecord):
     variants: tuple[ServeVariant, ...] = ()
 
 
-COMPARISONS = ("colocated", "placement", "speculation")
+COMPARISONS = ("colocated", "placement", "speculation", "backend")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,222 @@
+"""The goodput objectives: each candidate as a server of the file's [workload], its goodput the highest Poisson rate
+at which the serve mode's closed-form queueing model (agents.modes.serve.queueing) predicts the stated percentile of
+TTFT and of TPOT (p90 at attainment 90) within the SLO's targets.
+
+The ring model of a candidate comes from the same closed forms that score it: C the stages' one-token passes at the
+workload's mean context (prompt + output / 2), P what a second stream in the batch adds to them (the roofline at
+batch 2 less batch 1: each stream's own KV reads, and the math where a stage is compute-bound), T_ring the ring's
+hops plus a one-token frame's serialization on each, the solo TTFT a prompt's pass on every stage plus its frames,
+and the cap the workload's streams or fewer: as many of its requests (prompt and output positions) as the stage with
+the least room beside its weights holds the KV of. The model is monotone in the rate (the wait and the lap only
+grow), so bisection finds the rate: from the knee (the rate where the cap binds) out by doubling, then halving the
+bracket to GOODPUT_TOLERANCE. The serve runs only plain decode: speculating candidates are not given a goodput.
+
+Only the best GOODPUT_POOL plain candidates by single-stream rate are given one (about 15 predictions each, a few
+ms apiece): a ring slower for one stream has a longer lap, and its goodput at a TPOT target is lower too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+
+from agents.modes.serve import INFO as SERVE
+from agents.modes.serve.queueing import Prediction, RingModel, knee_rate, predict
+from agents.modes.serve.slo import Goodput
+from agents.modes.serve.workload import WorkloadSpec
+from testbed.core.records import JsonRecord
+from testbed.studies.search.scenarios import build, ring_text
+from testbed.studies.search.space import Candidate, Scored, Space
+from testbed.studies.search.spec import SearchSpec, Workload
+
+GOODPUT_POOL = 24  # plain candidates given a goodput, the best by single-stream rate
+GOODPUT_TOLERANCE = 0.01  # the bisection stops when the bracket's ends are within 1% of each other
+DOUBLINGS = 12  # from the knee out at most 4096x
+PERCENTILE = {50: "median", 90: "p90", 99: "p99"}  # the stated attainment's figure of a Prediction
+CONFIRM_REQUESTS = 300  # requests of the --confirm run (virtual time)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A candidate as a server: its ring model, its goodput and the predicted figures there."""
+
+    scored: Scored
+    model: RingModel
+    goodput_req_s: float  # 0: even one request alone misses a target
+    knee_req_s: float
+    ttft_ms: float  # the stated percentile's, at the goodput
+    tpot_ms: float
+    predictions: int  # closed forms evaluated to find it
+
+
+@dataclass(frozen=True)
+class GoodputCheck(JsonRecord):
+    """--confirm under a goodput objective: the winner served on --shaper at its goodput, attainment beside target."""
+
+    ring: str
+    rate_req_s: float
+    target_pct: float  # the stated attainment
+    measured_pct: float  # requests meeting every target, as vLLM counts them
+    slo: str
+    predicted_ttft_ms: float  # the stated percentile's, the search's model
+    measured_ttft_ms: float
+    predicted_tpot_ms: float
+    measured_tpot_ms: float
+    requests: int
+    shaper: str
+
+
+def kv_cap(space: Space, c: Candidate, w: Workload) -> int:
+    """Requests whose KV (prompt and output positions) the stage with the least room beside its weights holds."""
+    spec, per_request = space.spec, w.prompt_tokens + w.output_tokens
+    room = []
+    for i, (g, layers) in enumerate(zip(c.stages, c.layers)):
+        free = spec.machines[g].memory_bytes * spec.memory_fraction - space.fixed_bytes(g, i == 0, False) \
+            - layers * space.layer_bytes
+        room.append(int(free // (space.kv_layer_bytes * layers * per_request)))
+    return max(1, min(room))
+
+
+def ring_model(space: Space, c: Candidate, w: Workload) -> RingModel:
+    """The candidate's RingModel (the module's notes): C, P, T_ring, the cap and the solo TTFT."""
+    context = w.prompt_tokens + w.output_tokens / 2
+    roofs = [space._roofline(g, layers, i == 0) for i, (g, layers) in enumerate(zip(c.stages, c.layers))]
+    hops = sum(space.hops_s(c.stages))
+    n = len(c.stages)
+
+    def ttft_s(prompt: int) -> float:
+        return sum(r.seconds(prompt, 1, prompt) for r in roofs) + hops + sum(space.serialization_s(n, prompt))
+
+    return RingModel(compute_s=sum(r.seconds(1, 1, context) for r in roofs),
+                     per_token_s=sum(r.seconds(1, 2, context) - r.seconds(1, 1, context) for r in roofs),
+                     t_ring_s=hops + sum(space.serialization_s(n, 1)), cap=min(w.streams, kv_cap(space, c, w)),
+                     ttft_s=ttft_s)
+
+
+def workload_spec(w: Workload, rate: float, requests: int | None = None) -> WorkloadSpec:
+    return WorkloadSpec(arrival=w.arrival, rate=rate, prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
+                        requests=requests or w.requests, seed=w.seed)
+
+
+def figure(p: Prediction, name: str, attainment: int) -> float:
+    return getattr(p, f"{PERCENTILE[attainment]}_{name}_ms")
+
+
+def meets(p: Prediction, targets: Goodput, attainment: int) -> bool:
+    """The stated percentile of every targeted figure within its target."""
+    return all(target is None or figure(p, name, attainment) <= target
+               for name, target in (("ttft", targets.ttft_ms), ("tpot", targets.tpot_ms), ("e2el", targets.e2el_ms)))
+
+
+def goodput_of(model: RingModel, w: Workload) -> tuple[float, float, Prediction | None, int]:
+    """(goodput req/s, the knee, the prediction at the goodput, predictions made): the highest rate the model
+    predicts meets the targets, by doubling out from the knee and bisection; 0 where a request alone misses."""
+    targets = Goodput.parse(w.goodput)
+    knee = knee_rate(model, w.prompt_tokens, w.output_tokens)
+    calls = 0
+
+    def at(rate: float) -> Prediction | None:
+        nonlocal calls
+        calls += 1
+        p = predict(model, workload_spec(w, rate))
+        return p if meets(p, targets, w.attainment) else None
+
+    best = at(knee * 1e-6)
+    if best is None:
+        return 0.0, knee, None, calls
+    lo, hi = knee * 1e-6, knee
+    for _ in range(DOUBLINGS):
+        p = at(hi)
+        if p is None:
+            break
+        lo, hi, best = hi, hi * 2, p
+    while hi - lo > GOODPUT_TOLERANCE * hi:
+        mid = (lo + hi) / 2
+        p = at(mid)
+        lo, hi, best = (mid, hi, p) if p is not None else (lo, mid, best)
+    return lo, knee, best, calls
+
+
+def served(space: Space, s: Scored, w: Workload) -> Served:
+    model = ring_model(space, s.candidate, w)
+    rate, knee, p, calls = goodput_of(model, w)
+    return Served(s, model, rate, knee, figure(p, "ttft", w.attainment) if p else 0.0,
+                  figure(p, "tpot", w.attainment) if p else 0.0, calls)
+
+
+def ranked(space: Space, scored: list[Scored], pool: int = GOODPUT_POOL) -> list[Served]:
+    """The best `pool` plain candidates by single-stream rate, each given its goodput, best objective first (goodput,
+    or goodput per $/h); ties to the cheaper, then the faster for one stream."""
+    spec = space.spec
+    assert spec.workload is not None
+    plain = sorted((s for s in scored if s.candidate.mode == "off"), key=lambda s: -s.tok_s)[:pool]
+    out = [served(space, s, spec.workload) for s in plain]
+    per_dollar = spec.objective.endswith("_per_dollar")
+    out.sort(key=lambda v: (-(v.goodput_req_s / v.scored.cost_hour if per_dollar else v.goodput_req_s),
+                            v.scored.cost_hour, -v.scored.tok_s))
+    return out
+
+
+def objective_of(v: Served, per_dollar: bool) -> float:
+    return v.goodput_req_s / v.scored.cost_hour if per_dollar else v.goodput_req_s
+
+
+def described(w: Workload) -> str:
+    return (f"{w.arrival} arrivals, prompt {w.prompt_tokens}, output {w.output_tokens} tokens, SLO {w.goodput} at "
+            f"p{w.attainment}, {w.streams} streams at most, a run of {w.requests} requests")
+
+
+def ranking(space: Space, scored: list[Scored], per_dollar: bool
+            ) -> tuple[list[Scored], dict[Candidate, float], str]:
+    """(the served candidates best first, their objective the goodput (per $/h), each one's goodput, the workload in
+    words with the pool's size and time)."""
+    start = time.perf_counter()
+    out = ranked(space, scored)
+    seconds = time.perf_counter() - start
+    assert space.spec.workload is not None
+    words = (f"{described(space.spec.workload)}; goodput of the best {len(out)} plain candidates by single-stream "
+             f"rate, {sum(v.predictions for v in out)} predictions in {seconds:.2f} s")
+    return ([replace(v.scored, objective=objective_of(v, per_dollar)) for v in out],
+            {v.scored.candidate: v.goodput_req_s for v in out}, words)
+
+
+async def confirm(spec: SearchSpec, space: Space, ranking_: list[Scored], args: argparse.Namespace,
+                  log) -> GoodputCheck | None:
+    """The winner (the best ring of SERVE.min_stages or more stages where it has fewer: the serve mode's least)
+    served on args.shaper at its goodput, CONFIRM_REQUESTS requests; its measured attainment beside the target."""
+    from testbed.launch.launcher import run_scenario
+
+    w = spec.workload
+    assert w is not None
+    pick = next((s for s in ranking_ if len(s.candidate.stages) >= SERVE.min_stages), None)
+    if pick is None:
+        log(f"no served candidate has {SERVE.min_stages} stages or more (the serve mode's least): nothing confirmed")
+        return None
+    v = served(space, pick, w)
+    if v.goodput_req_s <= 0:
+        log(f"{ring_text(spec, pick.candidate)} meets no SLO even alone: nothing to confirm")
+        return None
+    rate = float(f"{v.goodput_req_s:.4g}")
+    table = {"arrival": w.arrival, "rate": rate, "prompt_tokens": w.prompt_tokens, "output_tokens": w.output_tokens,
+             "requests": CONFIRM_REQUESTS, "seed": w.seed, "goodput": w.goodput}
+    scenario = build(spec, pick.candidate, space, "search-goodput", table, v.model.cap)
+    per_token = [r.seconds(1, 2, w.prompt_tokens + w.output_tokens / 2) - r.seconds(1, 1, w.prompt_tokens
+                 + w.output_tokens / 2) for r in (st.roofline for st in scenario.stages)]
+    scenario = replace(scenario, stages=tuple(replace(st, per_token_ms=p * 1e3)
+                                              for st, p in zip(scenario.stages, per_token)))
+    log(f"serving {ring_text(spec, pick.candidate)} on {args.shaper} at its goodput {rate:g} req/s "
+        f"({CONFIRM_REQUESTS} requests, cap {v.model.cap})...")
+    summary = await run_scenario(scenario, args.shaper, log=lambda m: None, budget_s=args.budget_s)
+    serve = summary.serve
+    assert serve is not None
+    m = serve.measured
+    p = predict(v.model, workload_spec(w, rate, CONFIRM_REQUESTS))
+    check = GoodputCheck(ring_text(spec, pick.candidate), rate, float(w.attainment), m.slo_attainment_pct or 0.0,
+                         w.goodput, figure(p, "ttft", w.attainment), figure(m, "ttft", w.attainment),
+                         figure(p, "tpot", w.attainment), figure(m, "tpot", w.attainment), m.completed,
+                         summary.shaper)
+    log(f"      measured SLO attainment {check.measured_pct:.1f}% (target {check.target_pct:g}%), p{w.attainment} "
+        f"TTFT {check.measured_ttft_ms:.1f} ms (model {check.predicted_ttft_ms:.1f}), TPOT "
+        f"{check.measured_tpot_ms:.1f} ms (model {check.predicted_tpot_ms:.1f})")
+    return check
