@@ -34,7 +34,7 @@ from agents.modes.overlap.facts import OverlapRound
 from agents.modes.overlap.settings import OverlapSettings
 from agents.modes.speculative.runner import (K_AUTO_START, K_AUTO_WARMUP_ROUNDS, Drafter, KChooser, PositionRandom,
                                              Sequenced, overlap, probabilities, verify)
-from agents.modes.speculative.settings import SpecSettings
+from agents.modes.speculative.settings import ALPHA_CAP, SpecSettings
 from agents.process import wire
 from agents.process.lap import PendingLap, end_lap, lap_record, start_lap
 from agents.process.ring import CONTEXT_KEEP, RingClient
@@ -44,7 +44,6 @@ from testbed.core.decode import DecodeConfig
 from testbed.core.errors import PeerTimeout
 
 EVENTS = 256  # the entry's event queue: frames back, rounds drafted, verdicts due
-ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 
 
 @dataclass
@@ -73,8 +72,8 @@ class Round:
 
 @dataclass
 class Branch:
-    """The draft's optimistic continuation from a verified sequence: its tokens (context[i] is position i's), the
-    rounds drafted from it, and the task drafting them."""
+    """The draft's optimistic continuation from a verified sequence: its tokens (context[i] is position i's), its K,
+    and the scope of the task drafting it."""
 
     number: int
     k: int  # every round of a branch drafts K (decode.k, or the chooser's pick for it)

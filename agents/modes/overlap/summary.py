@@ -16,13 +16,10 @@ import numpy as np
 
 from agents.modes.overlap.facts import OverlapRound, OverlapSummary
 from agents.modes.overlap.settings import OverlapSettings
-from agents.modes.speculative.settings import SpecSettings
-from agents.modes.speculative.summary import ALPHA_CAP
+from agents.modes.speculative.settings import ALPHA_CAP, ALPHA_PRIOR, SpecSettings
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.scenario.config import Scenario
-
-ALPHA_PRIOR = 0.7  # a trained draft's acceptance before any is measured (as agents.modes.speculative.runner's)
 
 
 def summarize(laps: Sequence[LapRecord], sc: Scenario) -> OverlapSummary | None:

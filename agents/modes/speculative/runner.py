@@ -30,12 +30,11 @@ from agents.zoo.prompts import prompt_ids
 from agents.process.ring import CONTEXT_KEEP, RingClient
 from testbed.core import physics
 from testbed.core.clock import Clock
-from agents.modes.speculative.settings import SpecSettings
+from agents.modes.speculative.settings import ALPHA_CAP, ALPHA_PRIOR, SpecSettings
 from testbed.core.decode import DecodeConfig
 
 K_AUTO_START = 4  # K before anything has been measured
 K_AUTO_WARMUP_ROUNDS = 3  # rounds at K_AUTO_START before the online choice takes over
-ALPHA_PRIOR = 0.7
 EPS = 1e-12
 
 
@@ -221,12 +220,12 @@ class KChooser:
             return self.fixed
         if len(self.compute_s) < K_AUTO_WARMUP_ROUNDS:
             return min(K_AUTO_START, self.k_max)
-        alpha = min(self.alpha_hat, 0.999)
+        alpha = min(self.alpha_hat, ALPHA_CAP)
         timings = (float(np.median(self.draft_per_token_s)), float(np.median(self.compute_s)),
                    float(np.median(self.ring_s)))
         survival = self.survival()
         if survival:
-            k, _rate = physics.best_k_survival(survival, min(physics.survival_tail(survival, alpha), 0.999), *timings,
+            k, _rate = physics.best_k_survival(survival, min(physics.survival_tail(survival, alpha), ALPHA_CAP), *timings,
                                                self.k_max)
         else:
             k, _rate = physics.best_k(alpha, *timings, self.k_max)

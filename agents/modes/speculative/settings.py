@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from testbed.core.settings import ModeSettings, between, integers, setting
 
 K_MAX_BOUND = 64  # the largest draft length any setting may ask for
+ALPHA_PRIOR = 0.7  # a draft's acceptance before any is measured (the K chooser's, auto dilation's forecast)
+ALPHA_CAP = 0.999  # an acceptance is capped here where K* is sought: K* of alpha = 1 is unbounded
 
 
 @dataclass(frozen=True)

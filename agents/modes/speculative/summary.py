@@ -8,12 +8,11 @@ import numpy as np
 
 from agents.modes.speculative.facts import PerKRow, SpecRates, SpecRound, SpecSummary
 from agents.modes.speculative.metrics import RoundTotals, SpecRounds
-from agents.modes.speculative.settings import SpecSettings
+from agents.modes.speculative.settings import ALPHA_CAP, SpecSettings
 from testbed.core import physics
 from testbed.core.records import LapRecord
 from testbed.scenario.config import Scenario
 
-ALPHA_CAP = 0.999  # K* of alpha = 1 is unbounded
 
 
 def rate_figures(rounds: Sequence[LapRecord], t_ring_s: float, alpha: float) -> SpecRates:
