@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from testbed.core.clock import MONOTONIC, Clock
 from testbed.core.errors import ShapingError
 from testbed.core.records import LOSS_RTO_MS, Address, LinkSpec
+from testbed.core import tcp
+from testbed.core.tcp import TRANSPORTS
 
 DEFAULT_LOSS_RTO_MS = LOSS_RTO_MS  # testbed.core.records: Linux's minimum TCP retransmission timeout
 
@@ -25,8 +27,15 @@ class ShaperOptions:
     # testbed.scenario.schedule.LinkEvent objects (src, dst, at_s, to_dict(), describe()): the links' changes over time,
     # counted from the origin start_schedule is given
     schedule: tuple = ()
+    # what the senders' TCP does (testbed.core.tcp.TRANSPORTS): "tuned", a warm long-haul connection (a frame takes
+    # its delay and its bytes at the rate), or "kernel", the kernel's defaults (slow start, the window's cap, idle
+    # restart, loss recovery: modelled on the relay and the virtual links, the kernel's own on netem)
+    transport: str = "tuned"
 
     def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ShapingError(f"ShaperOptions.transport must be one of {', '.join(TRANSPORTS)}, "
+                               f"got {self.transport!r}")
         if not isinstance(self.loss_rto_ms, (int, float)) or isinstance(self.loss_rto_ms, bool) \
                 or not self.loss_rto_ms > 0:
             raise ShapingError(f"ShaperOptions.loss_rto_ms must be a positive number of ms, got {self.loss_rto_ms!r}")
@@ -122,6 +131,11 @@ class Shaper(abc.ABC):
     @property
     def schedule(self) -> tuple:
         return self.options.schedule
+
+    def return_delay_ms(self, link: LinkSpec) -> float:
+        """The way back's delay for `link`'s ACKs (testbed.core.tcp.return_delay_ms): a transport "kernel" flow's
+        round trip is link.delay_ms + this."""
+        return tcp.return_delay_ms(self.links, link)
 
     async def start_schedule(self, origin: float, nursery=None) -> None:
         """The run starts now (`origin`, on the box's monotonic clock): apply the schedule's changes from here on

@@ -16,7 +16,7 @@ import shlex
 from pyroute2.netlink.rtnl import rt_proto, rt_scope
 
 from netem.nsutil import OFFLOADS_OFF, PAIR_ROUTE_PROTOCOL, PAIR_ROUTE_SCOPE
-from netem.plan import INITIAL_WINDOW_SEGMENTS, NetemPlan, NetworkPlan, VethPlan
+from netem.plan import NetemPlan, NetworkPlan, VethPlan
 from testbed.core.records import BYTES_PER_MBIT
 
 
@@ -38,10 +38,11 @@ def _veth_lines(v: VethPlan) -> list[str]:
         lines += [
             f"ip -n {namespace} addr add {address}/{v.prefixlen} dev {ifname}",
             f"ip -n {namespace} link set {ifname} up",
-            f"ip -n {namespace} route replace {network} dev {ifname} src {address} "
-            f"scope {rt_scope[PAIR_ROUTE_SCOPE]} proto {rt_proto[PAIR_ROUTE_PROTOCOL]} "
-            f"initcwnd {INITIAL_WINDOW_SEGMENTS} initrwnd {INITIAL_WINDOW_SEGMENTS}",
         ]
+        if v.initial_window is not None:
+            lines.append(f"ip -n {namespace} route replace {network} dev {ifname} src {address} "
+                         f"scope {rt_scope[PAIR_ROUTE_SCOPE]} proto {rt_proto[PAIR_ROUTE_PROTOCOL]} "
+                         f"initcwnd {v.initial_window} initrwnd {v.initial_window}")
     return lines
 
 
@@ -83,4 +84,7 @@ def network_commands(plan: NetworkPlan) -> list[str]:
                                       if q.rate_bytes_s else "")
         lines.append(_in(q.namespace, f"tc qdisc add dev {q.ifname} root handle {_handle(q.handle)} netem "
                                       f"{netem_arguments(q)}") + why)
+    for q in plan.ack_qdiscs:
+        lines.append(_in(q.namespace, f"tc qdisc add dev {q.ifname} root handle {_handle(q.handle)} netem "
+                                      f"{netem_arguments(q)}") + f"  # the ACKs of link {q.link.dst}->{q.link.src}")
     return lines

@@ -135,6 +135,8 @@ def apply_plan(plan: NetworkPlan, created: list[str]) -> dict:
             except Exception as exc:  # OSError, or pyroute2's EthtoolError
                 raise translate(f"setting sysctls/offloads in {ns.name}", exc) from exc
         qdiscs = {q.link.name: add_netem(q, sockets) for q in plan.qdiscs}
+        for q in plan.ack_qdiscs:  # transport "kernel": the ACKs' way back (NetworkPlan.ack_qdiscs)
+            qdiscs[f"{q.link.name} (ACKs)"] = add_netem(q, sockets)
     finally:
         sockets.close()
     return {"qdiscs": qdiscs, "offloads": offloads, "sysctls": sysctls}
@@ -150,8 +152,8 @@ def _is_loopback(host: str) -> bool:
 class KernelShaper(Shaper):
     """One namespace per agent, a veth pair per linked pair, netem on each direction's egress.
 
-    `options` (ShaperOptions) is accepted for the common interface and ignored: netem drops real
-    packets and the kernel's own TCP retransmits them, so loss_rto_ms has nothing to configure here.
+    Of `options` (ShaperOptions) it reads the transport (tuned or the kernel's defaults) and the schedule: netem
+    drops real packets and the kernel's own TCP retransmits them, so loss_rto_ms has nothing to configure here.
     """
 
     name = "netem"
@@ -160,7 +162,9 @@ class KernelShaper(Shaper):
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:
         super().__init__(links, n_stages, run_id, options)
-        self.plan = plan_network(self.links, n_stages, run_id)
+        self.plan = plan_network(self.links, n_stages, run_id, self.options.transport)
+        # transport "kernel" is a cold connection on purpose: the first big frame pays its slow start
+        self.warm_windows = self.options.transport == "tuned"
         self.reason = self.reason or "netem: kernel qdiscs in network namespaces"
         self._created: list[str] = []
         self._applied: dict = {}
@@ -301,6 +305,7 @@ class KernelShaper(Shaper):
             "kernel": os.uname().release,
             "offloads_off": list(OFFLOADS_OFF),
             "sysctls": dict(self.plan.namespaces[0].sysctls) if self.plan.namespaces else {},
-            "initial_window_segments": INITIAL_WINDOW_SEGMENTS,
+            "initial_window_segments": INITIAL_WINDOW_SEGMENTS if self.plan.transport == "tuned" else None,
+            "transport": self.plan.transport,
             "links": links,
         }

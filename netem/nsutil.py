@@ -152,15 +152,18 @@ def create_namespace(name: str, created: list[str], sockets: NamespaceSockets) -
         raise translate(f"bringing lo up in {name}", exc) from exc
 
 
-def _configure_end(ipr, namespace: str, ifname: str, address: str, prefixlen: int, subnet: str) -> None:
+def _configure_end(ipr, namespace: str, ifname: str, address: str, prefixlen: int, subnet: str,
+                   initial_window: int | None = INITIAL_WINDOW_SEGMENTS) -> None:
     index = link_index(ipr, ifname, namespace)
     ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
     ipr.link("set", index=index, state="up")
+    if initial_window is None:  # transport "kernel": the connected route as the kernel made it
+        return
     network, _, length = subnet.partition("/")
     # the connected route again, with a large initial window: a 50 KB frame leaves in one flight
     ipr.route("replace", dst=network, dst_len=int(length), oif=index, prefsrc=address,
               scope=PAIR_ROUTE_SCOPE, proto=PAIR_ROUTE_PROTOCOL,
-              metrics={"initcwnd": INITIAL_WINDOW_SEGMENTS, "initrwnd": INITIAL_WINDOW_SEGMENTS})
+              metrics={"initcwnd": initial_window, "initrwnd": initial_window})
 
 
 def create_veth(v: VethPlan, sockets: NamespaceSockets) -> None:
@@ -168,8 +171,9 @@ def create_veth(v: VethPlan, sockets: NamespaceSockets) -> None:
     try:
         ipr_a = sockets(v.namespace_a)
         ipr_a.link("add", ifname=v.ifname_a, kind="veth", peer={"ifname": v.ifname_b, "net_ns_fd": v.namespace_b})
-        _configure_end(ipr_a, v.namespace_a, v.ifname_a, v.address_a, v.prefixlen, v.subnet)
-        _configure_end(sockets(v.namespace_b), v.namespace_b, v.ifname_b, v.address_b, v.prefixlen, v.subnet)
+        _configure_end(ipr_a, v.namespace_a, v.ifname_a, v.address_a, v.prefixlen, v.subnet, v.initial_window)
+        _configure_end(sockets(v.namespace_b), v.namespace_b, v.ifname_b, v.address_b, v.prefixlen, v.subnet,
+                       v.initial_window)
     except ShapingError:
         raise
     except Exception as exc:

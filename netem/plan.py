@@ -104,6 +104,10 @@ SOCKET_BUFFER_BYTES = 256 * 2**20
 NAMESPACE_SYSCTLS = (("net/ipv4/tcp_slow_start_after_idle", "0"),
                      ("net/ipv4/tcp_rmem", f"4096 {SOCKET_BUFFER_BYTES} {SOCKET_BUFFER_BYTES}"),
                      ("net/ipv4/tcp_wmem", f"4096 {SOCKET_BUFFER_BYTES} {SOCKET_BUFFER_BYTES}"))
+# transport "kernel" (testbed.core.tcp): the kernel's own defaults (initial window 10, its buffers, slow start after
+# idle), with Reno as the congestion control, the one the flow model of the relay and the virtual links follows
+# (and no metrics saved per destination: a fresh connection would start from a closed one's ssthresh, not cold)
+KERNEL_SYSCTLS = (("net/ipv4/tcp_congestion_control", "reno"), ("net/ipv4/tcp_no_metrics_save", "1"))
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class VethPlan:
     address_b: str
     prefixlen: int
     subnet: str  # "10.201.0.0/30"
+    initial_window: int | None = INITIAL_WINDOW_SEGMENTS  # the pair route's initcwnd/initrwnd; None: the kernel's
 
     def end(self, stage: int) -> tuple[str, str, str]:
         """(namespace, ifname, address) of this pair's end in `stage`."""
@@ -184,6 +189,10 @@ class NetworkPlan:
     veths: tuple[VethPlan, ...]
     qdiscs: tuple[NetemPlan, ...]
     peer_hosts: dict[tuple[int, int], str] = field(default_factory=dict)  # (src, dst) -> dst's address
+    transport: str = "tuned"  # testbed.core.tcp.TRANSPORTS: "kernel" leaves the kernel's TCP untuned
+    # transport "kernel": a delay-only netem on the way back of every link that has no reverse link, so the ACKs
+    # take the path's delay too (a round trip is twice the one-way delay, as testbed.core.tcp's flows assume)
+    ack_qdiscs: tuple[NetemPlan, ...] = ()
 
     def namespace(self, stage: int) -> str:
         return self.namespaces[stage].name
@@ -321,12 +330,17 @@ def plan_netem(link: LinkSpec, namespace: str, ifname: str) -> NetemPlan:
     )
 
 
-def plan_network(links: list[LinkSpec], n_stages: int, run_id: str) -> NetworkPlan:
-    """Namespaces, veth pairs, addresses and netem qdiscs for `links` (any directed graph on n_stages)."""
+def plan_network(links: list[LinkSpec], n_stages: int, run_id: str, transport: str = "tuned") -> NetworkPlan:
+    """Namespaces, veth pairs, addresses and netem qdiscs for `links` (any directed graph on n_stages); `transport`
+    "tuned" tunes each namespace's TCP into a warm long-haul connection, "kernel" leaves its defaults (but Reno)."""
     links = list(links)
     validate(links, n_stages)
+    if transport not in ("tuned", "kernel"):
+        raise ShapingError(f"transport must be \"tuned\" or \"kernel\", got {transport!r}")
+    tuned = transport == "tuned"
     prefix = run_prefix(run_id)
-    namespaces = tuple(NamespacePlan(stage, namespace_name(prefix, stage)) for stage in range(n_stages))
+    namespaces = tuple(NamespacePlan(stage, namespace_name(prefix, stage),
+                                     NAMESPACE_SYSCTLS if tuned else KERNEL_SYSCTLS) for stage in range(n_stages))
     pairs = sorted({(min(l.src, l.dst), max(l.src, l.dst)) for l in links})
     subnets = ADDRESS_POOL.subnets(new_prefix=SUBNET_PREFIXLEN)
     capacity = 2 ** (SUBNET_PREFIXLEN - ADDRESS_POOL.prefixlen)
@@ -341,14 +355,18 @@ def plan_network(links: list[LinkSpec], n_stages: int, run_id: str) -> NetworkPl
             namespace_a=namespaces[a].name, namespace_b=namespaces[b].name,
             ifname_a=veth_name(prefix, a, b), ifname_b=veth_name(prefix, b, a),
             address_a=str(hosts[0]), address_b=str(hosts[1]),
-            prefixlen=SUBNET_PREFIXLEN, subnet=str(subnet),
+            prefixlen=SUBNET_PREFIXLEN, subnet=str(subnet), initial_window=INITIAL_WINDOW_SEGMENTS if tuned else None,
         ))
     by_pair = {(v.a, v.b): v for v in veths}
-    qdiscs = []
+    qdiscs, acks = [], []
     peer_hosts = {}
+    directed = {(l.src, l.dst) for l in links}
     for link in sorted(links, key=lambda l: (l.src, l.dst)):
         veth = by_pair[(min(link.src, link.dst), max(link.src, link.dst))]
         namespace, ifname, _ = veth.end(link.src)
         qdiscs.append(plan_netem(link, namespace, ifname))
         peer_hosts[(link.src, link.dst)] = veth.end(link.dst)[2]
-    return NetworkPlan(prefix, n_stages, namespaces, tuple(veths), tuple(qdiscs), peer_hosts)
+        if not tuned and (link.dst, link.src) not in directed:
+            namespace, ifname, _ = veth.end(link.dst)
+            acks.append(plan_netem(LinkSpec(link.dst, link.src, link.delay_ms, seed=link.seed), namespace, ifname))
+    return NetworkPlan(prefix, n_stages, namespaces, tuple(veths), tuple(qdiscs), peer_hosts, transport, tuple(acks))

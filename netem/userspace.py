@@ -19,9 +19,7 @@ timers are up to ~1.3 ms late here), then forwards the chunk.
 
 from __future__ import annotations
 
-import math
 import os
-import random
 import signal
 import socket
 import struct
@@ -29,16 +27,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Awaitable, Callable
 
 import trio
 
 from netem.base import DEFAULT_LOSS_RTO_MS, Shaper, ShaperOptions
+from netem.timing import LinkTiming
+from testbed.core import tcp
+from testbed.core.tcp import Bottleneck
 from testbed.core import clock
 from testbed.core.channel import LineReader, encode_line
 from testbed.core.errors import ShapingError
 from testbed.core.process import stop_process
-from testbed.core.records import Address, LinkSpec, mbit_to_bytes_s
+from testbed.core.records import Address, LinkSpec
 
 RELAY_CHUNK = 256 * 1024
 QUEUE_CHUNKS = 1024  # chunks in flight per link before the relay stops reading (TCP backpressure)
@@ -47,72 +49,6 @@ STARTUP_TIMEOUT_S = 20.0
 STOP_GRACE_S = 1.0
 DEFAULT_RTO_MS = DEFAULT_LOSS_RTO_MS
 RELAY_MTU_BYTES = 1500  # only to put the serialization time of a rate in words (plan lines)
-
-
-@dataclass
-class LinkTiming:
-    """Pure release-deadline arithmetic for one directed link (see the module docstring)."""
-
-    delay_s: float
-    jitter_s: float = 0.0
-    loss: float = 0.0  # probability a chunk needs a retransmission
-    rate_bytes_s: float = math.inf
-    rto_s: float = DEFAULT_RTO_MS / 1e3
-    seed: int = 0
-    link: str = ""  # its LinkSpec's name (the realized delays are reported by it)
-
-    events: tuple[dict, ...] = ()  # testbed.scenario.schedule.LinkEvent fields, by at_s: applied once `origin` is set
-    origin: float | None = None  # the clock's time the schedule counts from (the launcher sends it at run start)
-
-    def __post_init__(self) -> None:
-        if self.delay_s < 0 or self.jitter_s < 0 or not 0 <= self.loss <= 1 or self.rate_bytes_s <= 0:
-            raise ShapingError(f"invalid link timing {self}")
-        self._rng = random.Random(self.seed)
-        self._next_free = -math.inf
-        self._last_deadline = -math.inf
-        self._pending = sorted(self.events, key=lambda e: e["at_s"])
-        self._up_at = -math.inf  # a partition: nothing leaves before this
-        self.drawn = [0.0, 0]  # every chunk's propagation delay as drawn (jitter included), summed; chunks
-
-    @classmethod
-    def from_spec(cls, link: LinkSpec, rto_ms: float = DEFAULT_RTO_MS, events: tuple[dict, ...] = ()) -> "LinkTiming":
-        rate = link.rate_bytes_s
-        return cls(link.delay_ms / 1e3, link.jitter_ms / 1e3, link.loss_pct / 100, rate, rto_ms / 1e3, link.seed,
-                   link.name, events)
-
-    def _apply(self, arrival: float) -> None:
-        """Swap in every scheduled change due by `arrival` (a moving network: testbed.scenario.schedule)."""
-        while self._pending and self.origin is not None and self.origin + self._pending[0]["at_s"] <= arrival:
-            event = self._pending.pop(0)
-            at = self.origin + event["at_s"]
-            if event.get("down_s"):
-                self._up_at = max(self._up_at, at + event["down_s"])
-                continue
-            if event.get("delay_ms") is not None:
-                self.delay_s = event["delay_ms"] / 1e3
-            if event.get("jitter_ms") is not None:
-                self.jitter_s = event["jitter_ms"] / 1e3
-            if event.get("loss_pct") is not None:
-                self.loss = event["loss_pct"] / 100
-            if event.get("rate_mbit") is not None:
-                self.rate_bytes_s = mbit_to_bytes_s(event["rate_mbit"])
-
-    def deadline(self, arrival: float, n_bytes: int) -> float:
-        self._apply(arrival)
-        arrival = max(arrival, self._up_at)  # the link is down: held until it is back, then sent in order
-        start = max(arrival, self._next_free)
-        self._next_free = start + n_bytes / self.rate_bytes_s
-        propagation = self.delay_s
-        if self.jitter_s:
-            propagation = max(0.0, propagation + self._rng.gauss(0.0, self.jitter_s))
-        self.drawn[0] += propagation
-        self.drawn[1] += 1
-        deadline = self._next_free + propagation
-        if self.loss and self._rng.random() < self.loss:
-            deadline += self.rto_s
-        deadline = max(deadline, self._last_deadline)
-        self._last_deadline = deadline
-        return deadline
 
 
 @dataclass(frozen=True)
@@ -147,10 +83,14 @@ def kernel_arrival_receiver(stream: trio.SocketStream) -> Callable[[], Awaitable
     sock = stream.socket
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     ancillary = socket.CMSG_SPACE(TIMESPEC.size)
+    # One buffer for every receive, each chunk copied out at its own size: a fresh RELAY_CHUNK-sized bytes a
+    # receive is above malloc's mmap threshold (an mmap, page faults and an munmap for a 600-byte frame).
+    buffer = memoryview(bytearray(RELAY_CHUNK))
 
     async def receive() -> tuple[bytes, float]:
-        data, ancdata, _flags, _addr = await sock.recvmsg(RELAY_CHUNK, ancillary)
+        n, ancdata, _flags, _addr = await sock.recvmsg_into([buffer], ancillary)
         received = clock.now()
+        data = bytes(buffer[:n])
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:
                 seconds, nanoseconds = TIMESPEC.unpack_from(payload)
@@ -197,7 +137,7 @@ async def _plain_pump(src: trio.abc.ReceiveStream, dst: trio.abc.SendStream) -> 
 
 
 async def relay(upstream: trio.abc.Stream, downstream: trio.abc.Stream, timing: LinkTiming,
-                clk: RelayClock = MONOTONIC) -> None:
+                clk: RelayClock = MONOTONIC, back: LinkTiming | None = None) -> None:
     """Shape upstream -> downstream with `timing`; pass downstream -> upstream through. Closes both at the end.
 
     A failure on either side (peer gone) closes both streams, so each peer sees the link break.
@@ -211,7 +151,8 @@ async def relay(upstream: trio.abc.Stream, downstream: trio.abc.Stream, timing: 
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(guarded, _shaped_pump(upstream, downstream, timing, clk))
-            nursery.start_soon(guarded, _plain_pump(downstream, upstream))
+            nursery.start_soon(guarded, _plain_pump(downstream, upstream) if back is None
+                               else _shaped_pump(downstream, upstream, back, clk))
     finally:
         await trio.aclose_forcefully(upstream)
         await trio.aclose_forcefully(downstream)
@@ -231,11 +172,19 @@ TIMINGS: list[LinkTiming] = []  # every link's timing in this relay process: the
 ORIGIN: list[float | None] = [None]  # the schedule's origin once known (a connection made later starts with it)
 
 
-async def serve_link(link: LinkSpec, target: Address, rto_ms: float, events: tuple[dict, ...] = (), *,
+async def serve_link(link: LinkSpec, target: Address, rto_ms: float, events: tuple[dict, ...] = (),
+                     transport: str = "tuned", return_delay_ms: float = 0.0, *,
+                     clocks: dict[str, Bottleneck] | None = None, reverse: LinkSpec | None = None,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Listen on 127.0.0.1:0 for link.src; relay each connection to `target`. Reports the bound port."""
+    """Listen on 127.0.0.1:0 for link.src; relay each connection to `target`. Reports the bound port.
+
+    `clocks`: every link's next-free clock by name, shared by all the connections over it in either direction.
+    `reverse`: the link dst -> src, if any: what the far end sends back on a connection (an HTTP answer: the weights'
+    origin) is shaped by it, as netem shapes a packet by the link it leaves on, whoever dialed."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
+    clocks = {} if clocks is None else clocks
+    link_clock = clocks.setdefault(link.name, Bottleneck())
 
     async def handle(upstream: trio.SocketStream) -> None:
         try:
@@ -247,10 +196,17 @@ async def serve_link(link: LinkSpec, target: Address, rto_ms: float, events: tup
             return
         for stream in (upstream, downstream):
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames must not wait for Nagle
-        timing = LinkTiming.from_spec(link, rto_ms, events)
+        timing = LinkTiming.from_spec(link, rto_ms, events, transport, return_delay_ms, link_clock)
+        back = None if reverse is None else LinkTiming.from_spec(
+            reverse, rto_ms, (), transport, link.delay_ms, clocks.setdefault(reverse.name, Bottleneck()))
         timing.origin = ORIGIN[0]
-        TIMINGS.append(timing)
-        await relay(upstream, downstream, timing)
+        TIMINGS.extend([timing] if back is None else [timing, back])
+        try:
+            await relay(upstream, downstream, timing, back=back)
+        finally:
+            for ended in (timing, back):
+                if ended is not None:
+                    ended.close()
 
     async with trio.open_nursery() as nursery:
         task_status.started(port)
@@ -267,11 +223,15 @@ async def relay_process_main() -> None:
         return
     rto_ms = float(request["rto_ms"])
     async with trio.open_nursery() as nursery:
-        ports = {}
+        ports: dict[str, int] = {}
+        clocks: dict[str, Bottleneck] = {}
+        links = {(spec.src, spec.dst): spec for spec in (LinkSpec(**item["link"]) for item in request["links"])}
         for item in request["links"]:
             link = LinkSpec(**item["link"])
-            ports[link.name] = await nursery.start(serve_link, link, tuple(item["target"]), rto_ms,
-                                                   tuple(item.get("events", ())))
+            start = partial(serve_link, clocks=clocks, reverse=links.get((link.dst, link.src)))
+            ports[link.name] = await nursery.start(start, link, tuple(item["target"]), rto_ms,
+                                                   tuple(item.get("events", ())), request.get("transport", "tuned"),
+                                                   float(item.get("return_delay_ms", 0.0)))
         sys.stdout.buffer.write(encode_line({"ports": ports}))
         sys.stdout.flush()
         # {"origin": t}: the schedule starts (Shaper.start_schedule); {"realized": true}: the delays drawn so far,
@@ -304,8 +264,9 @@ class UserspaceShaper(Shaper):
     async def connect(self, listen: dict[int, Address]) -> dict[tuple[int, int], Address]:
         if not self.links:
             return {}
-        request = {"rto_ms": self.options.loss_rto_ms,
+        request = {"rto_ms": self.options.loss_rto_ms, "transport": self.options.transport,
                    "links": [{"link": vars(link), "target": list(listen[link.dst]),
+                              "return_delay_ms": self.return_delay_ms(link),
                               "events": [e.to_dict() for e in self.schedule if (e.src, e.dst) == (link.src, link.dst)]}
                              for link in self.links]}
         self._process = await trio.lowlevel.open_process(
@@ -324,7 +285,8 @@ class UserspaceShaper(Shaper):
         return {(link.src, link.dst): ("127.0.0.1", ports[link.name]) for link in self.links}
 
     def plan_lines(self) -> list[str]:
-        return [f"relay {link.name}: {describe_timing(link, self.options.loss_rto_ms)}"
+        return [f"relay {link.name}: "
+                f"{describe_timing(link, self.options.loss_rto_ms, self.options.transport, self.return_delay_ms(link))}"
                 for link in sorted(self.links, key=lambda l: (l.src, l.dst))] + [
             f"schedule at {e.at_s:g} s: {e.describe()}" for e in self.schedule]
 
@@ -352,8 +314,9 @@ class UserspaceShaper(Shaper):
             await stop_process(process, STOP_GRACE_S)
 
 
-def describe_timing(link: LinkSpec, rto_ms: float) -> str:
-    """One link's relay timing in words: what `LinkTiming.from_spec(link, rto_ms)` will do to each chunk."""
+def describe_timing(link: LinkSpec, rto_ms: float, transport: str = "tuned", return_delay_ms: float = 0.0) -> str:
+    """One link's relay timing in words: what `LinkTiming.from_spec(link, rto_ms, (), transport, return_delay_ms)`
+    will do to each chunk."""
     parts = [f"stage {link.src} -> stage {link.dst} through 127.0.0.1", f"delay {link.delay_ms:g} ms"]
     if link.jitter_ms:
         parts.append(f"jitter Normal(0, {link.jitter_ms:g} ms) seed {link.seed}")
@@ -364,6 +327,10 @@ def describe_timing(link: LinkSpec, rto_ms: float) -> str:
         parts.append(f"rate {link.rate_mbit:g} Mbit/s (serialization {per_mtu_ms:.4g} ms per {RELAY_MTU_BYTES} B)")
     else:
         parts.append("rate unlimited (no serialization)")
+    if transport == "kernel":
+        parts.append(f"TCP as the kernel's defaults leave it (testbed.core.tcp): a {tcp.INITIAL_WINDOW_SEGMENTS}-segment "
+                     f"first window, slow start, a {tcp.KERNEL_WINDOW_CAP_BYTES / 2**20:g} MiB window cap, round trip "
+                     f"{link.delay_ms + return_delay_ms:g} ms, slow start again after an idle RTO")
     return ", ".join(parts)
 
 

@@ -26,6 +26,7 @@ import trio
 from netem.base import Shaper, ShaperOptions
 from netem.userspace import RELAY_CHUNK, LinkTiming, describe_timing, realized_propagation
 from testbed.core.clock import TRIO
+from testbed.core.tcp import Bottleneck
 from testbed.core.records import Address, LinkSpec
 from testbed.core.transport import VIRTUAL_HOST, MemoryNetwork, MemoryStream
 
@@ -77,10 +78,12 @@ class VirtualShaper(Shaper):
 
     def _relay_to(self, link: LinkSpec, target: Address):
         events = tuple(e.to_dict() for e in self.schedule if (e.src, e.dst) == (link.src, link.dst))
+        link_clock = Bottleneck()  # the link's rate, shared by its connections
 
         async def handle(upstream: MemoryStream) -> None:
             downstream = await self.transport.connect(target)
-            timing = LinkTiming.from_spec(link, self.options.loss_rto_ms, events)
+            timing = LinkTiming.from_spec(link, self.options.loss_rto_ms, events, self.options.transport,
+                                          self.return_delay_ms(link), link_clock)
             timing.origin = self._origin
             self._timings.append(timing)
             await shaped_link(upstream, downstream, timing)
@@ -97,7 +100,8 @@ class VirtualShaper(Shaper):
 
     def plan_lines(self) -> list[str]:
         return [f"in-memory link {link.name} on simulated time: "
-                + describe_timing(link, self.options.loss_rto_ms).replace(" through 127.0.0.1", "")
+                + describe_timing(link, self.options.loss_rto_ms, self.options.transport,
+                                  self.return_delay_ms(link)).replace(" through 127.0.0.1", "")
                 for link in sorted(self.links, key=lambda l: (l.src, l.dst))] + [
             f"schedule at {e.at_s:g} s: {e.describe()}" for e in self.schedule]
 
@@ -142,5 +146,6 @@ async def shaped_link(upstream: MemoryStream, downstream: MemoryStream, timing: 
     except trio.BrokenResourceError:
         return
     finally:
+        timing.close()
         await trio.aclose_forcefully(upstream)
         await trio.aclose_forcefully(downstream)

@@ -6,10 +6,10 @@ is also a module's or a subpackage's (tests/test_api.py): `testbed.run` is alway
 """
 
 from testbed.api import (acceptance, bench, codecs, dsd, faults, overlap, place, probe, regimes, reproduce, run,
-                         search, serve, study, sweep, sweep_k, tp, tree, whatif)
+                         search, serve, study, sweep, sweep_k, tp, transport, tree, weights, whatif)
 from testbed.core.errors import AgentFailed, ConfigError, LinkBroken, PeerTimeout, ShapingError, TestbedError, WireError
 
 __all__ = ["run", "sweep", "study",
            "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif",
-           "probe", "search", "serve", "reproduce", "bench",
+           "probe", "transport", "weights", "search", "serve", "reproduce", "bench",
            "AgentFailed", "ConfigError", "LinkBroken", "PeerTimeout", "ShapingError", "TestbedError", "WireError"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run", "sweep", "study",
            "sweep_k", "regimes", "place", "tp", "tree", "codecs", "dsd", "acceptance", "overlap", "faults", "whatif",
-           "probe", "search", "reproduce", "bench", "serve"]
+           "probe", "transport", "weights", "search", "reproduce", "bench", "serve"]
 
 
 def run(name_or_path: str | Scenario, shaper: str = "auto", *, tokens: int | None = None,
@@ -191,6 +191,28 @@ def probe(scenario_name: str | None = None, **options: Any) -> Any:
         >>> [(r.configured_ms, r.latency_ms) for r in result.probe_links]
     """
     return study("probe", scenario_name, **options)
+
+
+def transport(**options: Any) -> Any:
+    """The flow-level TCP model of transport "kernel" (testbed.core.tcp) against transfers over each backend: a grid
+    of sizes, RTTs, rates, losses and connections, predicted vs measured, with the window's cap and slow start's
+    rounds (`python -m testbed transport`).
+
+        >>> result = testbed.transport(shapers="virtual", quick=True)
+        >>> [(r.predicted_s, r.measured_s) for r in result.transport_rows]
+    """
+    return study("transport", **options)
+
+
+def weights(scenario_name: str | None = None, **options: Any) -> Any:
+    """How long a ring waits for its weights: every stage's shard of the scenario's [geometry] from an origin over one
+    stream, parallel range streams or a chunked swarm, geo vs co-located, tuned vs kernel TCP, simulated on simulated
+    time beside the closed forms (`python -m testbed weights`).
+
+        >>> result = testbed.weights("geo-ring", overrides='geometry.preset="seed-700b"', regions="hong-kong,ireland,virginia")
+        >>> [(r.placement, r.transport, r.strategy, r.ring_ready_s, r.predicted_s) for r in result.weights_rows]
+    """
+    return study("weights", scenario=scenario_name, **options)
 
 
 def search(spec: str, **options: Any) -> Any:

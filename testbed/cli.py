@@ -213,7 +213,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         out.append(f"# geometry {geo.name}: d_model {geo.d_model} in {geo.dtype}, {geo.layers} layers; a decode frame "
                    f"carries {geo.hidden_bytes(1)} bytes of hidden state on every hop (padded)")
     _backend, lines = plan_lines(args.shaper, list(scenario.links), scenario.n_stages, new_run_id(),
-                                 ShaperOptions(loss_rto_ms=scenario.loss_rto_ms))
+                                 ShaperOptions(loss_rto_ms=scenario.loss_rto_ms, transport=scenario.transport))
     for line in out + lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0

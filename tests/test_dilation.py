@@ -392,8 +392,10 @@ def test_run_and_every_study_take_a_budget_and_refuse_a_bad_one(capsys):
 
     for study in STUDIES.values():  # every study that runs a scenario passes it on (budget_s=args.budget_s)
         args, _ = study.parser().parse_known_args((["geo-ring"] if study.scenario else []) + ["--budget-s", "5"])
-        # a study that runs nothing on a real backend (acceptance: the models in-process) has no budget to take
-        assert args.budget_s == 5.0 if hasattr(args, "dilation") else study.name in ("bench", "acceptance"), study.name
+        # a study that runs nothing on a real backend (acceptance: the models in-process), or only transfers whose
+        # figures need no dilation (transport; weights' --real takes its own), has no budget to take
+        assert args.budget_s == 5.0 if hasattr(args, "dilation") else study.name in (
+            "bench", "acceptance", "transport", "weights"), study.name
     for command in ("run", "plan", "regimes", "whatif"):
         with pytest.raises(SystemExit) as exc:
             cli.main([command, *(["geo-ring"] if command != "whatif" else []), "--budget-s", "0"])

@@ -61,3 +61,22 @@ def test_the_command_measures_and_writes_json(tmp_path):
         assert row.measured > 0 and abs(row.error_pct) < 10, row
     assert "Regime map of regimes-test" in result.stdout
     assert json.loads(out.read_text())["stages"] == 2
+
+
+@pytest.mark.exact
+def test_a_cold_prompt_pays_slow_start_on_every_hop_beside_the_warm_one():
+    """The cold rows (transport "kernel"): the same prompt as the TTFT rows, on fresh connections, equal to Eq. 5 with
+    a cold connection's transfer on each hop (testbed.core.tcp) on virtual time, and slower than the warm row."""
+    import trio
+
+    from testbed.studies.regimes.measure import measure
+
+    args = type("Args", (), {"overrides": [], "streams": None, "shaper": "virtual", "dilation": "auto",
+                             "compensate": False})()
+    result = trio.run(measure, "geo-ring", args, ("cold",), 2, lambda line: None)
+    cold = [row for row in result.rows if row.regime == "cold"]
+    assert len(cold) == 2 and all(row.prompt_tokens == 240 for row in cold)
+    for row in cold:
+        assert row.measured == pytest.approx(row.predicted, rel=1e-9)
+        # warm, the same prompt takes 313 ms unlimited and 608 ms at 10 Mbit/s (the ttft rows); cold, 1.99 and 2.05 s
+        assert row.serialization_s > 1.5 and row.measured > 1.9

@@ -451,8 +451,8 @@ def test_report_from_tree_and_codec_results_draws_fig7_and_tables_every_row(tmp_
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "![fig7_tree](fig7_tree.png)" in markdown
     assert ("0 PP-vs-TP sweeps, 1 tree sweeps, 4 codec rows, 0 DSD results, 0 acceptance calibrations, 0 overlap "
-            "studies, 0 faults results, 0 deployments, 0 probes, 0 searches, 0 serving studies, 0 reproductions, 0 bench "
-            "runs.") in markdown
+            "studies, 0 faults results, 0 deployments, 0 probes, 0 transport checks, 0 weight distributions, 0 searches, "
+            "0 serving studies, 0 reproductions, 0 bench runs.") in markdown
     assert markdown.index("## Tree speculation") < markdown.index("## Wire codecs")
     section = markdown.split("## Tree speculation")[1].split("## Wire codecs")[0]
     assert "tree.json: small, best-first policy, T_ring 80.0 ms, shaper userspace." in section
@@ -594,7 +594,8 @@ def test_report_from_a_dsd_result_draws_fig8_and_tables_every_row(tmp_path):
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "![fig8_dsd](fig8_dsd.png)" in markdown and (
         "0 codec rows, 1 DSD results, 0 acceptance calibrations, 0 overlap studies, 0 faults results, 0 deployments, "
-        "0 probes, 0 searches, 0 serving studies, 0 reproductions, 0 bench runs.") in markdown
+        "0 probes, 0 transport checks, 0 weight distributions, 0 searches, 0 serving studies, 0 reproductions, "
+        "0 bench runs.") in markdown
     section = markdown.split("## Speculation at a distance")[1]
     assert "dsd.json: edge-cloud, K = 4, 40 tokens a request, shaper userspace." in section
     table = [line for line in section.splitlines() if line.startswith(f"| {dsd_file} |")]

@@ -125,7 +125,10 @@ def test_make_report_over_a_results_folder_with_every_study_s_json_writes_every_
                "serve": small_serve_result(), "reproduce": testbed.reproduce(), "overlap": small_overlap_result(),
                "acceptance": testbed.acceptance(prompts=2, tokens=12, k_cal=3),
                "search": testbed.search("small", confirm=0),
-               "probe": testbed.probe("table2-regional", shaper="virtual", sizes="64,1Mi", samples=3)}
+               "probe": testbed.probe("table2-regional", shaper="virtual", sizes="64,1Mi", samples=3),
+               "transport": testbed.transport(shapers="virtual", quick=True),
+               "weights": testbed.weights("geo-ring", overrides='geometry.preset="llama-3.1-8b"',
+                                          regions="hong-kong,ireland,virginia")}
     for name, result in written.items():
         (results / f"{name}.json").write_text(result.to_json(), encoding="utf-8")
     (results / "codecs.json").write_text(json.dumps([row.to_dict() for row in codec_rows()]), encoding="utf-8")

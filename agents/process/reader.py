@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from agents.process.wire import HEADER, PAD_PIECE, Frame, WireConfig, decode_body, decode_header
+from agents.process.wire import HEADER, PAD_PIECE, Frame, WireConfig, _Header, decode_body, decode_header
 from testbed.core.errors import LinkBroken, WireError
 
 RECEIVE_CHUNK = 64 * 1024  # below malloc's mmap threshold: no mmap/munmap per receive
@@ -24,12 +24,17 @@ class FrameReader:
         self._receive = receive or stream.receive_some
         self._now = now  # the clock frames are stamped on (the agent's: the box's, or simulated time)
         self._buffer = bytearray()
+        self._arrived = 0.0  # when the buffer's newest bytes came: a frame is complete when its last bytes are in
 
     async def _chunk(self, max_bytes: int) -> bytes:
+        """The next bytes, and the time they came taken at once: the parsing and copying that follow are the
+        receiver's work on a complete frame, not the hop's."""
         try:
-            return await self._receive(max_bytes)
+            chunk = await self._receive(max_bytes)
         except (trio.BrokenResourceError, OSError) as exc:
             raise LinkBroken(f"connection failed while reading a frame: {exc}") from exc
+        self._arrived = self._now()
+        return chunk
 
     async def _fill(self, size: int) -> bool:
         while len(self._buffer) < size:
@@ -49,9 +54,17 @@ class FrameReader:
         total = HEADER.size + header.body_len
         if len(self._buffer) < total:
             return None
-        body = bytes(self._buffer[HEADER.size:total])
+        frame = self._decode(header, total)
         self._consume(total)
-        return decode_body(header, body), self._now()
+        return frame, self._arrived
+
+    def _decode(self, header: _Header, end: int) -> Frame:
+        """The frame whose body is the buffer's bytes HEADER.size..end, decoded in place (decode_body copies what
+        it keeps: the stamps and the tensor), so the body is not copied out first."""
+        view = memoryview(self._buffer)
+        frame = decode_body(header, view[HEADER.size:end])
+        view.release()  # (a malformed frame closes the connection: its buffer is never resized again)
+        return frame
 
     def _consume(self, n: int) -> None:
         """Drop the buffer's first n bytes; an emptied buffer is a new one (a bytearray keeps what it grew to: a
@@ -69,11 +82,11 @@ class FrameReader:
         end = HEADER.size + header.body_len - header.pad_len  # the padding is checked as it comes, never kept
         if not await self._fill(end):
             raise LinkBroken("connection closed mid-frame")
-        body = bytes(self._buffer[HEADER.size:end])  # a copy: the buffer is resized below
+        frame = self._decode(header, end)
         self._consume(end)
-        await self._skip_padding(header.pad_len)
-        received_at = self._now()
-        return decode_body(header, body), received_at
+        if header.pad_len:
+            await self._skip_padding(header.pad_len)
+        return frame, self._arrived
 
     async def _skip_padding(self, n: int) -> None:
         """Consume n bytes of an emulated geometry's padding, each checked to be zero, none kept."""

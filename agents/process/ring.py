@@ -15,6 +15,7 @@ from agents.process.batching import as_float32, batches, rows_of
 from agents.process.reader import FrameReader
 from agents.process.spec import AgentSpec
 from agents.process.stage import PipelineStage
+from agents.process.vectored import write_pieces
 from testbed.core import clock as clock_module
 from testbed.core.clock import Clock
 from testbed.core.errors import LinkBroken, PeerTimeout, WireError
@@ -161,27 +162,30 @@ class RingClient:
 
     async def send(self, frame: wire.Frame, dst: int | None = None, kv: list[tuple[bytes, int]] = ()) -> int:
         """Send a frame after `kv` (frames to go ahead of it on the same link, each as its bytes and the zeros that
-        follow them: shipped KV, a tree plan; they delay it as they would). One write where nothing is padded."""
-        data, pad = wire.encode_parts(frame, self.codec)
-        sent, pending = 0, b""
-        for part, zeros in (*kv, (data, pad)):
-            pending += part
+        follow them: shipped KV, a tree plan; they delay it as they would). One write where nothing is padded; the
+        frame's own stamp takes its send time here, after the encoding, just before the write."""
+        pieces, pad = wire.encode_pieces(frame, self.codec)
+        pieces[1] = wire.restamped(pieces[1], self.clock.now())
+        sent, pending = 0, []
+        for part, zeros in (*kv, (pieces, pad)):
+            pending += part if isinstance(part, list) else [part]
             if zeros:
-                sent, pending = sent + await self.write(pending, dst, zeros), b""
+                sent, pending = sent + await self.write(pending, dst, zeros), []
         return sent + (await self.write(pending, dst) if pending else 0)
 
-    async def write(self, data: bytes, dst: int | None, pad: int = 0) -> int:
-        """Send `data`, then `pad` zeros (an emulated geometry's padding, a piece at a time from wire.zeros)."""
+    async def write(self, data: bytes | list[bytes | memoryview], dst: int | None, pad: int = 0) -> int:
+        """Send `data` (bytes, or pieces written without joining them), then `pad` zeros (an emulated geometry's
+        padding, a piece at a time from wire.zeros)."""
         dst = self.next_stage if dst is None else dst
         if (stream := self.peers.get(dst)) is None:
             raise LinkBroken(f"stage {self.index} has no link to stage {dst}")
+        pieces = data if isinstance(data, list) else [data]
         try:
-            await stream.send_all(data)
-            for offset in range(0, pad, wire.PAD_PIECE):
-                await stream.send_all(wire.zeros(min(wire.PAD_PIECE, pad - offset)))
+            await write_pieces(stream, pieces, [wire.zeros(min(wire.PAD_PIECE, pad - offset))
+                                                for offset in range(0, pad, wire.PAD_PIECE)])
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise LinkBroken(f"stage {dst} closed the connection: {exc}") from exc
-        return len(data) + pad
+        return sum(map(len, pieces)) + pad
 
     async def receive(self) -> tuple[wire.Frame, float]:
         if (item := self.receive_now()) is not None:  # one already queued needs no timeout (a cancel scope a frame)

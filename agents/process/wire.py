@@ -222,6 +222,24 @@ def encode_parts(frame: Frame, codec: WireConfig | None = None, flags: int | Non
     """The frame's header, stamps and payload, and how many zero bytes of padding follow them (sent apart, from
     zeros(), so a 64 MiB emulated prompt is never built in memory). `flags` replace the frame's own (a burst's
     count of frames to follow) without a copy of the frame."""
+    pieces, pad = encode_pieces(frame, codec, flags)
+    return b"".join(pieces), pad
+
+
+SEND_FIELD = struct.Struct("<d")  # the last field of a stamp: its send time
+
+
+def restamped(stamps: bytes, send: float) -> bytes:
+    """A frame's packed stamps (encode_pieces' second piece) with the last one's send time replaced: the sender
+    stamps the moment it writes, after the encoding."""
+    return stamps[:-SEND_FIELD.size] + SEND_FIELD.pack(send) if stamps else stamps
+
+
+def encode_pieces(frame: Frame, codec: WireConfig | None = None,
+                  flags: int | None = None) -> tuple[list[bytes | memoryview], int]:
+    """encode_parts' bytes as the pieces they are made of, unjoined ([header, stamps, rows..., payload]: a
+    vectored write sends them without a copy; the payload is a view of the tensor where no codec changes it),
+    and the padding that follows them."""
     flags = frame.flags if flags is None else flags
     tensor = frame.tensor
     block = 0
@@ -245,20 +263,22 @@ def encode_parts(frame: Frame, codec: WireConfig | None = None, flags: int | Non
             raise WireError(f"tensor has {tensor.ndim} dims; at most {MAX_NDIM} allowed")
         dtype = DTYPE_CODES[tensor.dtype]
         shape = tensor.shape
-        payload = np.ascontiguousarray(tensor, dtype=NUMPY_DTYPES[dtype]).tobytes()
+        payload = memoryview(np.ascontiguousarray(tensor, dtype=NUMPY_DTYPES[dtype]).reshape(-1).view(np.uint8))
     pad = pad_bytes(frame.kind, tuple(shape), len(payload), codec, frame.pos, flags)  # the rows are over it
+    pieces = [payload]
     if _check_batch(frame.kind, frame.rows, tuple(shape)):
         if frame.rows is None:
             raise WireError("a BATCH frame needs its rows")
-        payload = frame.rows.tobytes() + payload
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise WireError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+        pieces.insert(0, frame.rows.tobytes())
+    payload_len = sum(map(len, pieces))
+    if payload_len > MAX_PAYLOAD_BYTES:
+        raise WireError(f"payload of {payload_len} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(frame.stamps) > MAX_STAMPS:
         raise WireError(f"{len(frame.stamps)} stamps exceed the limit of {MAX_STAMPS}")
     dims = list(shape) + [0] * (MAX_NDIM - len(shape))
-    return b"".join((HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap,
-                                 frame.pos, flags, *dims, len(frame.stamps), block, len(payload), pad),
-                     packed_stamps(frame.stamps), payload)), pad
+    return [HEADER.pack(MAGIC, VERSION, int(frame.kind), int(dtype), len(shape), frame.stream, frame.lap, frame.pos,
+                        flags, *dims, len(frame.stamps), block, payload_len, pad),
+            packed_stamps(frame.stamps), *pieces], pad
 
 
 @dataclass(frozen=True)

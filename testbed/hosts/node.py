@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = claim_stage(scenario, store, rank if args.stage is None else args.stage, world)
         address = node_address(args.iface, os.environ["MASTER_ADDR"])
         links = [link for link in scenario.links if link.src == stage]
-        options = ShaperOptions(loss_rto_ms=scenario.loss_rto_ms,
+        options = ShaperOptions(loss_rto_ms=scenario.loss_rto_ms, transport=scenario.transport,
                                 schedule=tuple(e for e in scenario.schedule if e.src == stage))
         shaper = node_shaper(args.shape, links, scenario.n_agents, f"node{stage}", iface=args.iface, options=options)
         nodes = NodeStore(store)

@@ -28,7 +28,7 @@ from agents.modes import MODES
 from agents.modes.speculative.settings import SpecSettings
 from agents.process.codec import emulated_payload_bytes
 from agents.zoo.configs import MODEL_CONFIGS
-from testbed.core import physics
+from testbed.core import physics, tcp
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
 from testbed.core.summary import DilationSummary, RunSummary
@@ -179,8 +179,12 @@ def forecast(scenario: Scenario, compute_s: float) -> RunForecast:
     positions, streams = prompt_positions(scenario), max(1, scenario.decode.streams)
     prefill_compute_s = sum(st.cost_ms(positions, 1, positions) for st in scenario.stages) / 1e3
     ring = scenario.ring
-    prefill_s = physics.ttft_hops(prefill_compute_s, [link.delay_ms / 1e3 for link in ring],
-                                  [hidden_bytes(scenario, positions)] * len(ring), [link.rate_bytes_s for link in ring])
+    hop_bytes = [hidden_bytes(scenario, positions)] * len(ring)
+    prefill_s = physics.ttft_hops(prefill_compute_s, [link.delay_ms / 1e3 for link in ring], hop_bytes,
+                                  [link.rate_bytes_s for link in ring])
+    if scenario.transport == "kernel":  # a cold connection's slow start and window on each hop (testbed.core.tcp)
+        prefill_s = prefill_compute_s + scenario.t_ring_s + sum(
+            tcp.prompt_transfer_s(scenario.links, ring, hop_bytes, scenario.loss_rto_ms))
     decode = getattr(MODES[scenario.decode.mode].part("summary"), "decode_forecast", None)
     if decode is not None:  # a mode whose laps are not one a token (overlap: rounds on the ring at once)
         decode_s, laps = decode(scenario, compute_s + lap_floor_s(scenario))

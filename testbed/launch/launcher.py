@@ -370,7 +370,8 @@ async def prepare(scenario: Scenario, shaper_kind: str = "auto", *, dilation: fl
                                     cache=calibrations, budget_s=budget_s)
     physical = box_scenario(scenario, chosen)
     shaper = choose_shaper(shaper_kind, list(physical.links), scenario.n_agents, new_run_id(),
-                           options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms, schedule=physical.schedule))
+                           options=ShaperOptions(loss_rto_ms=physical.loss_rto_ms, schedule=physical.schedule,
+                                                 transport=physical.transport))
     return shaper, (chosen if chosen.requested != "1" or chosen.compensate else None)
 
 

@@ -12,6 +12,7 @@ from typing import Callable, TYPE_CHECKING
 from agents.modes import MODES, parts, per_stream
 from testbed.core.facts import PrefillChunk
 from testbed.core.lapstats import DECODE_KINDS, LapTotals
+from testbed.core import tcp
 from testbed.core.records import BYTES_PER_MBIT, LapRecord
 from testbed.core.summary import AgentUsage, DilationSummary
 from testbed.launch.histogram import RunningHistogram, latency_buckets
@@ -130,6 +131,9 @@ class RunLog:
         self.decode_ring_s = 0.0
         self.decode_hop_bytes = [0] * len(sc.ring)  # bytes each hop carried for the decode laps
         self.hop_rates_bytes_s = [link.rate_mbit * BYTES_PER_MBIT for link in sc.ring]  # 0: unlimited
+        # transport "kernel": every frame replayed through each hop's TCP flow; the decode laps' time on the links
+        self.flows = tcp.HopFlows(sc.links, sc.ring, sc.loss_rto_ms) if sc.transport == "kernel" else None
+        self.decode_transfer_s = 0.0
         # the modes' own running aggregates (each mode's metrics.PART: lap_parts()), each fed every lap, by name
         self.parts = {part.name: part(sc, self.lap_buckets, compute_buckets) for part in lap_parts()}
 
@@ -146,6 +150,13 @@ class RunLog:
 
     def add_probe(self, record: LapRecord) -> None:
         self.probes.append(record)
+        self._replay(record)
+
+    def _replay(self, frame: LapRecord) -> list[float]:
+        """Feed one frame (a lap, or a BATCH frame's laps) to the hops' TCP flows under transport "kernel"."""
+        if self.flows is None or len(frame.stamps) < 2:
+            return []
+        return self.flows.feed([stamp.send for stamp in frame.stamps], frame.hop_bytes())
 
     def add_lap(self, record: LapRecord) -> None:
         """Append one lap and update every running aggregate: O(1) in the number of laps so far."""
@@ -174,6 +185,7 @@ class RunLog:
             self._lap_file.flush()
         compute, real = first.stage_compute_s(), first.stage_real_s()
         hops_s, hop_bytes = first.hop_latencies_s(), first.hop_bytes()
+        transfers = self._replay(first)
         self.totals.add(first, hops_s, hop_bytes, compute, real, n)
         decode = first.kind in DECODE_KINDS
         for part in self.parts.values():
@@ -188,6 +200,7 @@ class RunLog:
                 aggregate.window.extend([latency] * n)
         if decode:
             self._add_decode(records, compute, real, hops_s, hop_bytes)
+            self.decode_transfer_s += sum(transfers) * n
 
     def _add_decode(self, records: list[LapRecord], compute: list[float], real: list[float], hops_s: list[float],
                     hop_bytes: list[int]) -> None:
@@ -226,9 +239,12 @@ class RunLog:
 
     @property
     def serialization_s(self) -> float:
-        """Per decode lap: each hop's mean bytes at its rate, summed over the hops (0 where rates are unlimited)."""
+        """Per decode lap: each hop's mean bytes at its rate, summed over the hops (0 where rates are unlimited);
+        under transport "kernel" the mean time TCP's window kept the laps' frames on the links (tcp.HopFlows)."""
         if not self.decode_laps:
             return 0.0
+        if self.flows is not None:
+            return self.decode_transfer_s / self.decode_laps
         return sum(b / self.decode_laps / r for b, r in zip(self.decode_hop_bytes, self.hop_rates_bytes_s) if r > 0)
 
     @property

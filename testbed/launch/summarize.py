@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import numpy as np
 
 from agents.zoo.configs import vocabulary
 from agents.modes import MODES
-from testbed.core import physics
+from testbed.core import physics, tcp
 from testbed.core.records import LapRecord, alike_runs
 from testbed.core.summary import HopSummary, LinkCheck, RunSummary, StageSummary, TtftSummary, summary_type
 from testbed.launch import predict
@@ -35,10 +36,34 @@ def self_check(log: RunLog) -> tuple[LinkCheck, ...] | None:
     return tuple(checks)
 
 
+def hop_transfer(sc: Scenario) -> Callable[[int, int, float], float]:
+    """(hop i, bytes, when they were written) -> how long the hop's link takes to send them, its delay aside: the
+    bytes at the rate (transport "tuned"), or a cold connection's slow start and window (transport "kernel":
+    testbed.core.tcp; a first frame by the closed form, later ones by each hop's flow fed in order)."""
+    ring = list(sc.ring)
+    if sc.transport != "kernel":
+        rates = [link.rate_bytes_s for link in ring]
+        return lambda i, n, at: 0.0 if math.isinf(rates[i]) else n / rates[i]
+    params = [tcp.link_params(sc.links, link, sc.loss_rto_ms) for link in ring]
+    flows = [tcp.TcpFlow(p) for p in params]
+    sent = [0] * len(ring)
+
+    def transfer(i: int, n: int, at: float) -> float:
+        sent[i] += 1
+        if sent[i] == 1 and not params[i].loss:
+            flows[i].send(at, n)  # the flow follows, for a next chunk
+            return tcp.cold_transfer_s(n, params[i], 0.0)
+        start = max(at, flows[i].link.free)
+        return flows[i].send(at, n) - start
+
+    return transfer
+
+
 def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
     """The first prompt against C_prefill(P) + T_ring + its serialization (Eq. 5; pipelined over the stages
-    when it went in chunks: physics.ttft_pipelined), with the measured compute and configured links."""
-    rates = [link.rate_bytes_s for link in sc.ring]
+    when it went in chunks: physics.ttft_pipelined), with the measured compute and configured links (under
+    transport "kernel" the serialization is a cold connection's: hop_transfer)."""
+    transfer = hop_transfer(sc)
     service, xmit = [], 0.0
     for lap in chunks:
         row = []
@@ -46,7 +71,7 @@ def ttft_summary(chunks: list[LapRecord], sc: Scenario) -> TtftSummary:
         for i, stamp in enumerate(lap.stamps):
             row.append(stamp.compute_end - stamp.compute_start)
             if i < len(hop_bytes):
-                row.append(0.0 if math.isinf(rates[i]) else hop_bytes[i] / rates[i])
+                row.append(transfer(i, hop_bytes[i], stamp.compute_end - chunks[0].start))
         xmit += sum(row[1::2])
         service.append(row)
     last = chunks[-1]

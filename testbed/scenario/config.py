@@ -17,6 +17,7 @@ from agents.zoo.configs import model_config
 from agents.hf.checkpoint import is_hf
 from testbed.core.errors import ConfigError
 from testbed.core.records import LAP_TIMEOUT_S, LOSS_RTO_MS, LinkSpec
+from testbed.core.tcp import TRANSPORTS
 from testbed.deploy.catalog import ModelPreset
 from testbed.deploy.rules import apply_geometry, prompt_lap_s
 from testbed.scenario.decode import decode_from_dict, decode_keys, parse_k_range  # noqa: F401 - parse_k_range re-exported
@@ -55,6 +56,7 @@ class Scenario:
     schedule: tuple[LinkEvent, ...] = ()  # [[network.schedule]]: links changing over time (testbed.scenario.schedule)
     lap_timeout_s: float = LAP_TIMEOUT_S  # a frame not back within this long means a peer or a link is gone
     geometry: ModelPreset | None = None  # [geometry]: the model the frames and the rooflines emulate (testbed.deploy)
+    transport: str = "tuned"  # [network] transport: what the senders' TCP does (testbed.core.tcp)
 
     @property
     def n_agents(self) -> int:
@@ -232,6 +234,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     links = links_from_dict(net, len(stages), regions, placed, placement.head, scale, source)
     seed = _number(net, "seed", 0, source, "network", integer=True)
     loss_rto_ms = _number(net, "loss_rto_ms", LOSS_RTO_MS, source, "network", minimum=1.0, maximum=60_000) * scale
+    transport = _string(net, "transport", "tuned", source, "network", TRANSPORTS)
     tables = {table: section(raw, table, table_keys(table), source) for table in sorted(settings_tables()) if table in raw}
     decode = decode_from_dict(section(raw, "decode", decode_keys(), source), source, scale, tables)
     if len(stages) < MODES[decode.mode].min_stages:
@@ -269,7 +272,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,
-                    lap_timeout_s=lap_timeout_s, geometry=geometry)
+                    lap_timeout_s=lap_timeout_s, geometry=geometry, transport=transport)
 
 
 def check_head(placement: PlacementConfig, decode: DecodeConfig, n_stages: int, source: str) -> None:

@@ -10,7 +10,7 @@ from testbed.scenario.regions import RegionMatrix
 from testbed.scenario.validate import check_keys, number
 
 NETWORK_KEYS = {"hops_ms", "jitter_ms", "loss_pct", "rate_mbit", "loss_rto_ms", "seed", "links", "schedule",
-                "lap_timeout_s"}
+                "lap_timeout_s", "transport"}
 LINK_KEYS = {f.name for f in fields(LinkSpec)} - {"seed"}  # a link's seed follows network.seed
 
 

@@ -8,7 +8,7 @@ builds a command for each, the API (`testbed.<name>(...)`) runs each, and `testb
 from __future__ import annotations
 
 from testbed.studies import (acceptance, bench, codecs, dsd, faults, overlap, place, probe, regimes, reproduce, search,
-                             serve, sweep, tp, tree, whatif)
+                             serve, sweep, tp, transport, tree, weights, whatif)
 from testbed.studies.base import Study
 
 # A new study is one folder plus one line here (the order is the CLI's and the report's).
@@ -25,6 +25,8 @@ STUDIES: dict[str, Study] = {study.name: study for study in (
     faults.STUDY,
     whatif.STUDY,
     probe.STUDY,
+    transport.STUDY,
+    weights.STUDY,
     search.STUDY,
     serve.STUDY,
     reproduce.STUDY,

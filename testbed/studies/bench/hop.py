@@ -29,7 +29,7 @@ from rich.table import Table
 
 from agents.process import wire
 from agents.process.reader import FrameReader
-from netem.userspace import DEFAULT_RTO_MS
+from netem.userspace import DEFAULT_RTO_MS, RELAY_CHUNK
 from testbed.core import clock
 from testbed.core.channel import encode_line
 from testbed.core.records import LinkSpec
@@ -56,6 +56,74 @@ def codec_us(rounds: int) -> tuple[float, float]:
     for _ in range(rounds):
         wire.decode_body(wire.decode_header(data), data[wire.HEADER.size:])
     return encode_us, (time.perf_counter() - started) / rounds * 1e6
+
+
+# --- the hop's steps, each timed in process -------------------------------------------------------------------
+
+PROFILE_WIDTHS = {"612 B": 128, "8 KiB": 2048, "32 KiB": 8192, "1 MiB": 262144}  # float32 [1, 1, C]: the frame's size
+PROFILE_STEPS = ("encode", "stamp", "send", "relay", "receive", "decode")
+
+
+def _drain(sock: socket.socket, n: int, into: memoryview) -> None:
+    got = 0
+    while got < n:
+        got += sock.recv_into(into[got:n])
+
+
+def step_us(width: int, rounds: int) -> dict[str, float]:
+    """Mean us of each step of one hop for a [1, 1, width] float32 frame, in process over loopback TCP with no
+    one asleep (the wake-ups are section 2b's): the sender's encode (in pieces) and stamp (its send time written
+    into them), its vectored write, the relay's pass (its receive of the chunks and its write of them on), the
+    reader's receive of the bytes and the decode."""
+    frame = wire.Frame(wire.Kind.HIDDEN, 0, 1, 5, 0, np.ones((1, 1, width), np.float32),
+                       (wire.Stamp(0, 1.0, 1.0, 1.0, 1.0, 1.0, 612, 1),))
+    listener = socket.create_server(("127.0.0.1", 0))
+    a, b, c = socket.create_connection(listener.getsockname()), None, None
+    b, _ = listener.accept()
+    c = socket.create_connection(listener.getsockname())
+    d, _ = listener.accept()
+    for sock in (a, b, c, d):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    total = {step: 0.0 for step in PROFILE_STEPS}
+    size = len(wire.encode(frame))
+    buffer = memoryview(bytearray(size))
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        pieces, _ = wire.encode_pieces(frame)
+        t1 = time.perf_counter()
+        pieces[1] = wire.restamped(pieces[1], clock.now())
+        t2 = time.perf_counter()
+        a.sendmsg(pieces)
+        t3 = time.perf_counter()
+        moved = 0
+        while moved < size:  # the relay: each chunk is its own bytes (it waits in a queue for its deadline)
+            chunk = b.recv(RELAY_CHUNK)
+            c.sendall(chunk)
+            moved += len(chunk)
+        t4 = time.perf_counter()
+        _drain(d, size, buffer)
+        t5 = time.perf_counter()
+        wire.decode_body(wire.decode_header(buffer), buffer[wire.HEADER.size:])
+        t6 = time.perf_counter()
+        for step, (start, end) in zip(PROFILE_STEPS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6))):
+            total[step] += end - start
+    for sock in (a, b, c, d, listener):
+        sock.close()
+    return {step: seconds / rounds * 1e6 for step, seconds in total.items()}
+
+
+def hop_profile_table(console: Console, quick: bool) -> dict[str, dict[str, float]]:
+    """The hop's steps per frame size (step_us), side by side."""
+    figures = {label: step_us(width, 50 if quick else 300) for label, width in PROFILE_WIDTHS.items()}
+    table = Table(title="2c. the hop's steps per frame size, mean us in process (no wake-ups: those are 2b's)")
+    for col in ("frame", *PROFILE_STEPS, "sum"):
+        table.add_column(col, justify="right")
+    for label, steps in figures.items():
+        table.add_row(label, *(f"{steps[step]:.1f}" for step in PROFILE_STEPS), f"{sum(steps.values()):.1f}")
+    console.print(table)
+    return figures
 
 
 # --- the receivers (run as `python -m testbed.studies.bench.hop --receive raw|agent COUNT`) ------------------
@@ -142,6 +210,7 @@ def hop_breakdown_table(console: Console, quick: bool) -> dict:
         figures["paths"][label] = {"mean_us": mean, "p50_us": p50, "p99_us": p99}
         table.add_row(label, f"{mean:.1f}", f"{p50:.1f}", f"{p99:.1f}", f"{p50 - raw_p50:+.1f}")
     console.print(table)
+    figures["profile"] = hop_profile_table(console, quick)
     return figures
 
 

@@ -10,7 +10,7 @@ from testbed.studies.regimes import figures, measure
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative (default all)")
+    parser.add_argument("--only", help="comma-separated parts: ttft,streams,decode,speculative,cold (default all)")
     parser.add_argument("--streams", type=int_list, metavar="M,M,...",
                         help="stream counts to measure (default 1, 2, N, 2N, 4N and twice the knee)")
     parser.add_argument("--json", help="write the result here (default results/regimes-SCENARIO.json)")

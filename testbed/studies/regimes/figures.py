@@ -18,7 +18,7 @@ from testbed.scenario.validate import check_number, record_from
 
 # What each regime's rows must carry besides measured and predicted (the figures read them).
 REGIME_ROW_FIGURES: Final[dict[str, tuple[str, ...]]] = {
-    "ttft": ("prompt_tokens", "rate_mbit"), "decode": (), "speculative": (),
+    "ttft": ("prompt_tokens", "rate_mbit"), "cold": ("prompt_tokens", "rate_mbit"), "decode": (), "speculative": (),
     "streams": ("streams", "per_stream_tok_s", "per_stream_predicted_tok_s", "per_stream_min_tok_s", "ceiling_tok_s")}
 
 

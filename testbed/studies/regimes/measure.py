@@ -8,7 +8,9 @@ The same ring is cheap or expensive depending on how many tokens share one trave
   1 / (C + T_ring), until the bottleneck stage is busy all the time (physics.streams_rates), with and
   without continuous batching, for M in {1, 2, N, 2N, 4N} and twice the knee (C + T_ring) / c_max, where
   without batching the aggregate has flattened at 1 / c_max and with it has not;
-- single-stream decode pays the ring per token (the wall), and speculative decode per round.
+- single-stream decode pays the ring per token (the wall), and speculative decode per round;
+- a prompt on a cold connection (transport "kernel": testbed.core.tcp) pays TCP's slow start on every hop besides,
+  the same prompt as the TTFT rows, at the same rates: fresh beside warm.
 
 Every point is a run of its own (same ring, same shaper, each time-dilated as --dilation says); the table
 and the JSON hold measured and predicted side by side, and `testbed report` draws the JSON.
@@ -36,9 +38,10 @@ from testbed.core.summary import RunSummary
 PROMPT_TOKENS = (16, 128, 240)  # the models' context is 256 positions: 240 leaves room for the first tokens
 SLOW_RATE_MBIT = 10.0
 STREAM_TOKENS = 16  # tokens per stream in the streams runs (and the decode runs) unless --tokens says
-KINDS = ("ttft", "streams", "decode", "speculative")
+KINDS = ("ttft", "streams", "decode", "speculative", "cold")
 # the study's regimes by name (a row's `regime`, --only): what a run measured, decided by its mode's card (row_of)
-TTFT, STREAMS, DECODE, SPECULATIVE = KINDS
+TTFT, STREAMS, DECODE, SPECULATIVE, COLD = KINDS
+COLD_PROMPT = PROMPT_TOKENS[-1]
 
 
 @dataclass(frozen=True)
@@ -109,15 +112,20 @@ def plan(scenario: Scenario, kinds: tuple[str, ...], tokens: int,
         runs.append(("decode (one stream)", ["decode.mode=plain", f"decode.tokens={tokens}"]))
     if SPECULATIVE in kinds:
         runs.append(("speculative (one stream)", ["decode.mode=speculative", f"decode.tokens={tokens}"]))
+    if COLD in kinds:
+        for rate in dict.fromkeys((base_rate, SLOW_RATE_MBIT)):
+            runs.append((f"cold P={COLD_PROMPT} W={'unlimited' if not rate else f'{rate:g} Mbit/s'} (kernel TCP)",
+                         ["decode.mode=plain", f"decode.prompt_tokens={COLD_PROMPT}", "decode.tokens=2",
+                          f"network.rate_mbit={rate}", 'network.transport="kernel"']))
     return runs
 
 
 def row_of(label: str, summary: RunSummary, scenario: Scenario) -> RegimeRow:
     factor = summary.dilation.factor if summary.dilation else 1.0
     mode = MODES[scenario.decode.mode]
-    if label.startswith("ttft"):
+    if label.startswith(("ttft", "cold")):
         t = summary.ttft
-        return RegimeRow(TTFT, label, "s", t.measured_s, t.predicted_s, (t.measured_s / t.predicted_s - 1) * 100,
+        return RegimeRow(TTFT if label.startswith("ttft") else COLD, label, "s", t.measured_s, t.predicted_s, (t.measured_s / t.predicted_s - 1) * 100,
                          prompt_tokens=t.prompt_tokens, rate_mbit=scenario.ring[0].rate_mbit if scenario.ring else 0.0,
                          serialization_s=t.serialization_s, dilation=factor)
     if mode.per_stream:  # several streams in flight: the aggregate against the per-stream rate

@@ -1,0 +1,171 @@
+"""python -m testbed transport: the flow-level TCP model (testbed.core.tcp) against transfers over each backend.
+
+For each backend asked for (--shapers), every point of the grid (testbed.studies.transport.grid) is one transfer
+over one link set up with transport "kernel" (testbed.studies.transport.harness), beside its prediction:
+
+- virtual: the model on simulated time; it must equal the model's own replay to 1e-6 (tests/test_transport_study);
+- userspace: the relay paces each connection's chunks as TcpFlow says, in real time: its error is the relay's;
+- netem: the kernel's own TCP (Reno, its default buffers) through netem; where the kernel lacks sch_netem, inside
+  user-mode-linux (`python -m netem.uml -- python -m testbed transport --shapers netem`).
+
+A real backend's first transfer is its ceiling (no delay, no rate limit: what the backend itself carries; inside
+user-mode-linux the guest's per-byte cost), and a point whose link is faster than it is marked, not fitted. From
+the rows: the window's cap (the plateau of one stream at RTT 280 ms between two large sizes, rate x RTT) and slow
+start's rounds at small sizes (the time less the one way and the bytes at the rate, in RTTs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+
+import trio
+
+from netem.select import BACKENDS, kinds
+from testbed.core.errors import ConfigError
+from testbed.core.tcp import KERNEL_WINDOW_CAP_BYTES, window_limited_rate
+from testbed.studies.base import log_to, print_tables, write_json
+from testbed.studies.transport import grid as grids
+from testbed.studies.transport.grid import (CEILING, SLOW_START_LINK, SLOW_START_SIZES, Point, aggregate_params,
+                                            predict, rounds_of)
+from testbed.studies.transport.harness import measure_link
+from testbed.studies.transport.result import BackendFigures, SlowStartRow, TransferRow, TransportResult
+
+DEFAULT_SHAPERS = "virtual,userspace"
+CEILING_REPEATS = 3  # the ceiling is the best of this many transfers (a shared box's other work only slows one)
+
+
+def shaper_list(text: str | Sequence[str]) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip())
+    unknown = [n for n in names if n not in kinds()]
+    if not names or unknown:
+        raise ConfigError(f"expected backends from {', '.join(kinds())}, comma-separated, got {text!r}",
+                          key="--shapers")
+    return names
+
+
+def _measure(kind: str, points: Sequence[Point], log) -> tuple[str, list[tuple[Point, int, float]]]:
+    backend = BACKENDS.get(kind)
+    if backend is not None and backend.simulated:
+        from testbed.core import virtual_time
+
+        return virtual_time.run_sync(measure_link, kind, points, log)
+    return trio.run(measure_link, kind, points, log)
+
+
+def _row(backend: str, point: Point, seconds: float, ceiling_mbit: float | None) -> TransferRow:
+    prediction = predict(point)
+    limited = ""
+    sustained_mbit = window_limited_rate(aggregate_params(point.params, point.connections)) * 8 / 1e6
+    if ceiling_mbit is not None and sustained_mbit > ceiling_mbit:
+        limited = (f"guest-limited: {sustained_mbit:.0f} Mbit/s is over the {ceiling_mbit:.0f} Mbit/s the backend "
+                   "carries")
+    return TransferRow(backend, point.purpose, point.delay_ms, point.rate_mbit, point.loss_pct, point.size_bytes,
+                       point.connections, prediction.predicted_s, prediction.how, prediction.model_s,
+                       prediction.mathis_s, seconds, limited)
+
+
+def measure_backend(kind: str, points: Sequence[Point], log) -> tuple[list[TransferRow], BackendFigures]:
+    """Every point on one backend (a real one's ceiling first), and the figures its rows give."""
+    ceiling = None
+    if not (BACKENDS.get(kind) and BACKENDS[kind].simulated):
+        log(f"{kind}: the ceiling (no delay, no rate limit, {CEILING.size_bytes // 2**20} MiB, the best of "
+            f"{CEILING_REPEATS})")
+        _, measured = _measure(kind, [CEILING] * CEILING_REPEATS, log)
+        ceiling = CEILING.size_bytes * 8 / min(seconds for _, _, seconds in measured) / 1e6
+    groups: dict[tuple, list[Point]] = {}
+    for point in points:
+        groups.setdefault(point.link_key, []).append(point)
+    rows: list[TransferRow] = []
+    name = kind
+    for key, members in groups.items():
+        log(f"{kind}: RTT {2 * key[0]:g} ms, {key[1]:g} Mbit/s, loss {key[2]:g}%")
+        name, measured = _measure(kind, members, log)
+        rows += [_row(name, point, seconds, ceiling) for point, _, seconds in measured]
+    return rows, figures_of(name, rows, ceiling)
+
+
+def figures_of(backend: str, rows: Sequence[TransferRow], ceiling_mbit: float | None) -> BackendFigures:
+    """The window's cap from the cap rows' plateau, and slow start's rounds at small sizes (see the module doc)."""
+    caps = sorted((r for r in rows if r.purpose == "cap"), key=lambda r: r.size_bytes)
+    cap = cap_rtt = None
+    if len(caps) >= 2 and caps[-1].measured_s > caps[0].measured_s:
+        rate = (caps[-1].size_bytes - caps[0].size_bytes) / (caps[-1].measured_s - caps[0].measured_s)
+        cap, cap_rtt = rate * caps[0].rtt_ms / 1e3, caps[0].rtt_ms
+    slow = []
+    for r in rows:
+        if (r.delay_ms, r.rate_mbit, r.loss_pct) == SLOW_START_LINK and r.connections == 1 \
+                and r.size_bytes in SLOW_START_SIZES:
+            point = Point(r.delay_ms, r.rate_mbit, r.loss_pct, r.size_bytes)
+            slow.append(SlowStartRow(r.size_bytes, rounds_of(point, r.predicted_s), rounds_of(point, r.measured_s)))
+    return BackendFigures(backend, ceiling_mbit, cap, cap_rtt, tuple(sorted(slow, key=lambda s: s.size_bytes)))
+
+
+def run(args: argparse.Namespace, console) -> TransportResult:
+    shapers = shaper_list(args.shapers)
+    if not isinstance(args.max_point_s, (int, float)) or not args.max_point_s > 0:
+        raise ConfigError(f"expected a positive number of seconds, got {args.max_point_s!r}", key="--max-point-s")
+    points, left = grids.grid(bool(args.quick), float(args.max_point_s))
+    log = log_to(console)
+    left_out = tuple(f"{describe(p)}: predicted {predict(p).predicted_s:.1f} s, over --max-point-s" for p in left)
+    rows: list[TransferRow] = []
+    figures = []
+    for kind in shapers:
+        backend_rows, backend_figures = measure_backend(kind, points, log)
+        rows += backend_rows
+        figures.append(backend_figures)
+    return TransportResult(tuple(f.backend for f in figures), bool(args.quick), tuple(rows), tuple(figures),
+                           left_out, KERNEL_WINDOW_CAP_BYTES)
+
+
+def describe(point: Point) -> str:
+    return (f"RTT {2 * point.delay_ms:g} ms, {point.rate_mbit:g} Mbit/s, loss {point.loss_pct:g}%, "
+            f"{grids.size_text(point.size_bytes)} on {point.connections}")
+
+
+# --- printing ------------------------------------------------------------------------------------------------------
+def _cell(value: float | None, fmt: str = ".4f") -> str:
+    return "" if value is None or not math.isfinite(value) else format(value, fmt)
+
+
+def backend_table(result: TransportResult, backend: str):
+    from rich.table import Table
+
+    table = Table(title=f"transport \"kernel\" on {backend}: a transfer's time, first write to last byte, beside "
+                        "testbed.core.tcp (RTT = 2 x one way; S on n connections of S / n)")
+    for col in ("purpose", "RTT ms", "Mbit/s", "loss %", "size", "n", "predicted s", "how", "model s", "Mathis s",
+                "measured s", "error %", "vs model %", "note"):
+        table.add_column(col, justify="left" if col in ("purpose", "how", "note") else "right")
+    for r in result.transport_rows:
+        if r.backend == backend:
+            table.add_row(r.purpose, f"{r.rtt_ms:g}", f"{r.rate_mbit:g}", f"{r.loss_pct:g}",
+                          grids.size_text(r.size_bytes), str(r.connections), _cell(r.predicted_s), r.how,
+                          _cell(r.model_s), _cell(r.mathis_s), _cell(r.measured_s), f"{r.error_pct:+.2f}",
+                          f"{r.model_error_pct:+.2f}", r.limited)
+    return table
+
+
+def figures_table(result: TransportResult):
+    from rich.table import Table
+
+    table = Table(title=f"Per backend: its ceiling, the window's cap (model: {result.window_cap_model_bytes} B) and "
+                        "slow start's rounds (predicted / measured, by size)")
+    for col in ("backend", "ceiling Mbit/s", "window cap B", "cap MiB", "at RTT ms", "slow start rounds"):
+        table.add_column(col, justify="right")
+    for f in result.figures:
+        rounds = ", ".join(f"{grids.size_text(s.size_bytes)} {s.predicted_rounds:.2f}/{s.measured_rounds:.2f}"
+                           for s in f.slow_start)
+        table.add_row(f.backend, _cell(f.ceiling_mbit, ".0f"), _cell(f.window_cap_bytes, ".0f"),
+                      _cell(None if f.window_cap_bytes is None else f.window_cap_bytes / 2**20, ".3f"),
+                      _cell(f.cap_rtt_ms, "g"), rounds)
+    return table
+
+
+def show(result: TransportResult, args: argparse.Namespace, console) -> None:
+    print_tables(console, [*(backend_table(result, b) for b in result.backends), figures_table(result)])
+    log = log_to(console)
+    for line in result.left_out:
+        log(f"left out: {line}")
+    if args.json:
+        write_json(args.json, result.to_json(indent=2), console)

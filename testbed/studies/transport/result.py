@@ -1,0 +1,72 @@
+"""The transport study's records: a transfer measured beside its prediction (TransferRow), what each backend's
+rows give (BackendFigures: its ceiling, the window's cap, slow start's rounds), and the study (TransportResult:
+what `testbed transport --json` writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.core.records import JsonRecord
+
+
+@dataclass(frozen=True)
+class TransferRow(JsonRecord):
+    """One transfer on one backend: S bytes on n fresh connections over one link, predicted and measured."""
+
+    backend: str
+    purpose: str  # grid, cap, slow start (testbed.studies.transport.grid.Point.purpose)
+    delay_ms: float  # one way; RTT = 2 x delay_ms
+    rate_mbit: float  # 0: unlimited
+    loss_pct: float
+    size_bytes: int
+    connections: int
+    predicted_s: float
+    how: str  # how the prediction was had (grid.predict)
+    model_s: float  # testbed.core.tcp.TcpFlow replayed as the virtual link runs it
+    mathis_s: float | None  # with loss: S / (n x Mathis' rate) + one way
+    measured_s: float
+    limited: str = ""  # "": fitted; else why not (the link's rate is over what the backend itself carries)
+
+    @property
+    def rtt_ms(self) -> float:
+        return 2 * self.delay_ms
+
+    @property
+    def error_pct(self) -> float:
+        return (self.measured_s / self.predicted_s - 1) * 100
+
+    @property
+    def model_error_pct(self) -> float:
+        return (self.measured_s / self.model_s - 1) * 100
+
+
+@dataclass(frozen=True)
+class SlowStartRow(JsonRecord):
+    """A small transfer's slow-start rounds: its time less the one way and its bytes at the rate, in RTTs."""
+
+    size_bytes: int
+    predicted_rounds: float
+    measured_rounds: float
+
+
+@dataclass(frozen=True)
+class BackendFigures(JsonRecord):
+    """What one backend's rows give beside the grid."""
+
+    backend: str
+    ceiling_mbit: float | None  # a zero-delay, unlimited transfer's goodput: what the backend itself carries
+    window_cap_bytes: float | None  # the cap points' plateau rate x RTT (None: no cap points)
+    cap_rtt_ms: float | None
+    slow_start: tuple[SlowStartRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class TransportResult(JsonRecord):
+    """Every backend's transfers over the grid, beside testbed.core.tcp's predictions."""
+
+    backends: tuple[str, ...]
+    quick: bool
+    transport_rows: tuple[TransferRow, ...]  # the report part's key
+    figures: tuple[BackendFigures, ...]
+    left_out: tuple[str, ...] = ()  # points not measured, and why
+    window_cap_model_bytes: int = 0  # testbed.core.tcp.KERNEL_WINDOW_CAP_BYTES, as this run predicted with
