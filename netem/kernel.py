@@ -157,14 +157,17 @@ class KernelShaper(Shaper):
     """
 
     name = "netem"
-    warm_windows = True  # a fresh connection's windows would cost a big first frame round trips (Shaper)
+
+    @property
+    def warm_windows(self) -> bool:
+        """A fresh connection's windows would cost a big first frame round trips (Shaper): warmed under transport
+        "tuned"; transport "kernel" is a cold connection on purpose, its first big frame paying its slow start."""
+        return self.options.transport == "tuned"
 
     def __init__(self, links: list[LinkSpec], n_stages: int, run_id: str,
                  options: ShaperOptions | None = None) -> None:
         super().__init__(links, n_stages, run_id, options)
         self.plan = plan_network(self.links, n_stages, run_id, self.options.transport)
-        # transport "kernel" is a cold connection on purpose: the first big frame pays its slow start
-        self.warm_windows = self.options.transport == "tuned"
         self.reason = self.reason or "netem: kernel qdiscs in network namespaces"
         self._created: list[str] = []
         self._applied: dict = {}

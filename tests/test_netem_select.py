@@ -137,6 +137,39 @@ def test_uml_runs_a_command_and_returns_its_status(tmp_path):
     assert status == 3 and marker.exists()
 
 
+@pytest.mark.fidelity
+def test_uml_stopped_by_sigterm_takes_its_guest_with_it(tmp_path):
+    """`timeout`, a supervisor or a plain kill sends SIGTERM: python -m netem.uml then kills UML's process group
+    (UML runs in a session of its own), so no guest is left running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from netem.uml import uml_available
+
+    ok, reason = uml_available()
+    if not ok:
+        pytest.skip(reason)
+    with open("/proc/cpuinfo") as f:
+        if "User Mode Linux" in f.read():
+            pytest.skip("already inside user-mode-linux")
+    started = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-m", "netem.uml", "--timeout", "120", "--", "sh", "-c",
+                             f"touch {started}; sleep 100"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), "the guest never ran its command"
+    uml = int(subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout.split()[0])  # UML leads a session of its own: its guest is in it
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    table = subprocess.run(["ps", "-eo", "sid=,stat=,pid="], capture_output=True, text=True).stdout.split("\n")
+    alive = [row for row in table if row.split()[:1] == [str(uml)] and not row.split()[1].startswith("Z")]
+    assert not alive, f"UML's session {uml} outlived netem.uml: {alive}"
+
+
 def test_a_backend_is_one_line_in_backends_and_every_chooser_sees_it(monkeypatch):
     from netem import select
     from netem.virtual import VirtualShaper

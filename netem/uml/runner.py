@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("missing COMMAND (use: python -m netem.uml -- COMMAND ...)")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    # SIGTERM (a supervisor's, `timeout`'s, kill's default) unwinds like Ctrl-C: run() then kills UML's whole
+    # process group, which would otherwise live on without us (UML is in a session of its own)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return run(command, timeout_s=args.timeout, mem=args.mem, verbose=args.verbose)
     except ShapingError as exc:
