@@ -75,13 +75,33 @@ def test_a_virtual_run_ends_with_its_simulated_tokens_per_wall_second():
 
     lines: list[str] = []
     scenario = serve_scenario(streams=2, arrival="poisson", rate=20.0, requests=4, prompt_tokens=8, output_tokens=5)
-    summary = trio.run(lambda: run_scenario(scenario, "virtual", log=lines.append))
+    log = RunLog(scenario)
+    summary = trio.run(lambda: run_scenario(scenario, "virtual", runlog=log, log=lines.append))
     found = [m for line in lines if (m := RATE_LINE.fullmatch(line))]
     assert len(found) == 1, lines
     tokens, wall_s, simulated_s, rate = found[0].groups()
     assert int(tokens) == summary.generated_tokens == summary.serve.measured.total_output_tokens == 20
-    assert float(simulated_s) == pytest.approx(summary.wall_s, abs=0.005)
+    # the simulated seconds the laps spanned: the first one's start to the last one's end (streams in flight overlap,
+    # so not the sum of their laps, summary.wall_s)
+    span = max(lap.end for lap in log.laps) - min(lap.start for lap in log.laps)
+    assert float(simulated_s) == pytest.approx(span, abs=0.005) and span < summary.wall_s
     assert float(wall_s) > 0
     # the rate is the tokens over the wall the line names (the wall rounded to 10 ms as printed, the rate to 1)
     wall = float(wall_s)
     assert int(tokens) / (wall + 0.005) - 1 <= int(rate) <= int(tokens) / max(wall - 0.005, 1e-9) + 1
+
+
+def test_greedy_requests_in_a_wide_convoy_decode_their_solo_tokens():
+    """Twenty requests on a cap of 12 (prompts of 8-40 tokens, outputs of 4-10, slots reused): the convoy's decode
+    attends over the stages' cache arenas (agents.zoo.model.CacheArena), and every request's tokens are the target's
+    greedy continuation of its prompt alone."""
+    from agents.zoo.prompts import synthetic
+    from tests.test_serve_mode import served
+    from tests.test_streams import greedy_reference
+
+    _, records, _ = served(serve_scenario(streams=12, arrival="poisson", rate=400.0, requests=20, prompt="uniform",
+                                          prompt_tokens=24, prompt_spread=16, output="uniform", output_tokens=7,
+                                          output_spread=3, seed=4))
+    assert len(records) == 20 and max(r.prompt_tokens for r in records) > min(r.prompt_tokens for r in records)
+    for r in records:
+        assert list(r.ids) == greedy_reference(synthetic(r.prompt_tokens, r.index), r.output_tokens), r.index

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import math
+import weakref
 
 import torch
 import torch.nn as nn
@@ -113,6 +115,8 @@ class KVCache:
             self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, kv_heads, block_size, hd]
             self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, nh, block_size, hd]
         self.length = 0  # positions [0, length) hold valid keys/values in every layer
+        self.arena: CacheArena | None = None  # where k and v lie once batched (run_layers_batched), and its slot
+        self.slot = -1
 
     def truncate(self, length: int) -> None:
         """Forget positions >= length, e.g. the rejected tail of a speculative block."""
@@ -133,6 +137,97 @@ class KVCache:
             self.k[:, :, :, dst:dst + len(slots)] = self.k[:, :, :, src]  # advanced indexing copies first
             self.v[:, :, :, dst:dst + len(slots)] = self.v[:, :, :, src]
         self.length = max(self.length, dst + len(slots))
+
+
+ARENA_SLOTS = 64  # caches an arena holds side by side, at most
+MIN_ARENA_SLOTS = 8  # and at least
+
+
+class CacheArena:
+    """The keys and values of MIN_ARENA_SLOTS to ARENA_SLOTS single-sequence caches of one shape side by side, [L,
+    slots, kv_heads, block_size, hd], so that a continuous batch attends over its rows' pasts where they lie (no
+    per-row copy a step).
+
+    A cache moves in at its first batched step: its past is copied once, then its k and v are views of its slot
+    (run_layers writes there too), until the cache is collected and the slot is free again. A cache joins an arena
+    of the caches it is batched with (a stage's own streams; one stage's caches are never batched with another's)."""
+
+    def __init__(self, like: KVCache, slots: int) -> None:
+        n_layers, _, heads, block, hd = like.k.shape
+        with torch.inference_mode(False):  # a plain tensor, as a cache's own: written in and out of inference mode
+            self.k = torch.zeros(n_layers, slots, heads, block, hd, dtype=like.k.dtype)  # [L, S, kv_heads, block, hd]
+            self.v = torch.zeros_like(self.k)  # zeros, then only values computed: a masked key's value is finite
+        self.free = list(range(slots))  # a heap: the lowest free slot first
+        self.shape = like.k.shape
+
+    def fits(self, cache: KVCache) -> bool:
+        return bool(self.free) and cache.k.shape == self.shape and cache.k.dtype == self.k.dtype
+
+    def take(self, cache: KVCache) -> None:
+        slot, n = heapq.heappop(self.free), cache.length
+        self.k[:, slot:slot + 1, :, :n] = cache.k[:, :, :, :n]
+        self.v[:, slot:slot + 1, :, :n] = cache.v[:, :, :, :n]
+        cache.k, cache.v = self.k[:, slot:slot + 1], self.v[:, slot:slot + 1]  # [L, 1, kv_heads, block, hd] views
+        cache.arena, cache.slot = self, slot
+        weakref.finalize(cache, heapq.heappush, self.free, slot)
+
+    @staticmethod
+    def groups(caches: list[KVCache]) -> list[ArenaRows]:
+        """The rows of a batch by the arena their caches lie in; a cache in none moves into one first."""
+        by_arena: dict[int, tuple[CacheArena, list[int]]] = {}
+        homeless = []
+        for b, cache in enumerate(caches):
+            if cache.arena is None:
+                homeless.append(b)
+            else:
+                by_arena.setdefault(id(cache.arena), (cache.arena, []))[1].append(b)
+        for b in homeless:
+            arena = next((a for a, _ in by_arena.values() if a.fits(caches[b])), None)
+            if arena is None:  # a first one sized to the batch (a few caches take a few slots), then whole ones
+                slots = ARENA_SLOTS if by_arena else min(ARENA_SLOTS, 1 << (len(caches) - 1).bit_length())
+                arena = CacheArena(caches[b], max(MIN_ARENA_SLOTS, slots))
+                by_arena[id(arena)] = (arena, [])
+            arena.take(caches[b])
+            by_arena[id(arena)][1].append(b)
+        return [ArenaRows(arena, rows, [caches[b].slot for b in rows], [caches[b].length for b in rows])
+                for arena, rows in by_arena.values()]
+
+
+class ArenaRows:
+    """The rows of a continuous batch whose caches lie in one arena: where their new keys go and what they attend.
+
+    Where the rows fill at least half the slots they span, the attention runs over that span of the arena in place
+    (a slot not in the batch attends to its position 0, and is dropped); else over a copy of the rows' pasts. Either
+    way every row reads the same number of positions, its own past and new token unmasked and the rest masked."""
+
+    def __init__(self, arena: CacheArena, rows: list[int], slots: list[int], lengths: list[int]) -> None:
+        self.arena = arena
+        self.rows, self.slots = torch.tensor(rows), torch.tensor(slots)
+        self.lengths = torch.tensor(lengths)  # each row's new token goes to this position
+        self.keys = max(lengths) + 1  # positions read
+        lo, hi = min(slots), max(slots) + 1
+        self.span = (lo, hi) if 2 * len(rows) >= hi - lo else None
+        if self.span is None:
+            sees = self.lengths
+        else:
+            self.at = self.slots - lo  # each row's place in the span
+            sees = torch.zeros(hi - lo, dtype=torch.long).index_put_((self.at,), self.lengths)
+        self.mask = (torch.arange(self.keys) <= sees[:, None])[:, None, None, :]  # [n, 1, 1, keys], True = may see
+
+    def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Layer i: write the rows' new keys and values (k, v [B, nh, 1, hd]), attend -> [rows, nh, 1, hd]."""
+        keys, values = self.arena.k[i], self.arena.v[i]  # [S, kv_heads, block, hd]
+        keys[self.slots, :, self.lengths] = k[self.rows, :, 0]  # [rows, nh, hd]
+        values[self.slots, :, self.lengths] = v[self.rows, :, 0]
+        if self.span is None:
+            keys = keys[:, :, :self.keys].index_select(0, self.slots)  # [rows, nh, keys, hd]
+            values = values[:, :, :self.keys].index_select(0, self.slots)
+            return F.scaled_dot_product_attention(q[self.rows], keys, values, attn_mask=self.mask)
+        lo, hi = self.span
+        queries = q.new_zeros(hi - lo, *q.shape[1:]).index_put_((self.at,), q[self.rows])  # [span, nh, 1, hd]
+        y = F.scaled_dot_product_attention(queries, keys[lo:hi, :, :self.keys], values[lo:hi, :, :self.keys],
+                                           attn_mask=self.mask)
+        return y[self.at]
 
 
 class GPT(nn.Module):
@@ -224,14 +319,12 @@ class GPT(nn.Module):
 
     def run_layers_batched(self, x: torch.Tensor, first: int, last: int, caches: list[KVCache]) -> torch.Tensor:
         """Continuous batching: x [B, 1, C] holds one new token of B different sequences, sequence b with its
-        own cache (and so its own position and past). Every matmul runs once on the stacked batch; only the
-        attention, which reads each sequence's own past, runs per sequence.
+        own cache (and so its own position and past). Every matmul runs once on the stacked batch; the attention
+        runs once per arena (CacheArena: the caches' pasts side by side), each row masked to its own past.
         """
         check_batch("GPT", x, first, last, caches, self.config.n_layer)
         B, T, C = x.size()
-        by_length: dict[int, list[int]] = {}
-        for b, cache in enumerate(caches):
-            by_length.setdefault(cache.length, []).append(b)
+        groups = CacheArena.groups(caches) if last > first else []
         for i, block in enumerate(self.transformer.h[first:last]):
             attn = block.attn
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.n_embd, dim=2)  # 3 x [B, 1, C]
@@ -239,16 +332,8 @@ class GPT(nn.Module):
             k = k.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
             v = v.view(B, 1, attn.n_head, attn.head_dim).transpose(1, 2)
             y = torch.empty_like(q)  # [B, nh, 1, hd]
-            for start, rows in by_length.items():  # rows whose pasts are alike long attend as one batch
-                keys, values = [], []
-                for b in rows:
-                    cache = caches[b]
-                    cache.k[i][:, :, start : start + 1] = k[b : b + 1]
-                    cache.v[i][:, :, start : start + 1] = v[b : b + 1]
-                    keys.append(cache.k[i][:, :, : start + 1])
-                    values.append(cache.v[i][:, :, : start + 1])
-                # one new token sees every key of its own sequence: no mask
-                y[rows] = F.scaled_dot_product_attention(q[rows], torch.cat(keys), torch.cat(values))
+            for group in groups:
+                y[group.rows] = group.attend(i, q, k, v)
             y = y.transpose(1, 2).contiguous().view(B, 1, C)  # [B, 1, C]
             x = x + attn.c_proj(y)
             x = x + block.mlp(block.ln_2(x))

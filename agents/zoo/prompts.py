@@ -1,8 +1,9 @@
 """Prompts of the decode modes: the scenario's text, or a synthetic prompt of exactly P tokens.
 
-The synthetic prompt is a window of a fixed text shipped with the project (this package's model source:
-Python code, the kind of text the models were trained on), so a prompt of P tokens is the same on every
-machine and needs no corpus build. Stream s of several in flight starts its window at its own offset,
+The synthetic prompt is a window of a fixed text shipped with the project (text/prompt.txt: a frozen copy of this
+package's model source, Python code, the kind of text the models were trained on), so a prompt of P tokens is the
+same on every machine and needs no corpus build; it is data, so editing the model's code changes no prompt (and no
+recorded token). Stream s of several in flight starts its window at its own offset,
 so every stream has its own prompt. A checkpoint's tokenizer (agents.hf) tokenizes the same text: its P tokens
 are P of its own tokens.
 """
@@ -15,7 +16,7 @@ import pathlib
 from agents.zoo.configs import BYTES
 from testbed.core.decode import DecodeConfig
 
-SOURCE = pathlib.Path(__file__).resolve().parent / "model.py"
+SOURCE = pathlib.Path(__file__).resolve().parent / "text" / "prompt.txt"
 STREAM_STRIDE = 211  # bytes between the windows of consecutive streams
 
 

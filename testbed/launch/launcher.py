@@ -255,7 +255,8 @@ class Launcher:
         started = time.perf_counter()
         await virtual_time.run(self._run)
         summary = summarize(self.runlog)
-        self.log(simulated_rate(summary, time.perf_counter() - started))
+        first, last = self.runlog.span
+        self.log(simulated_rate(summary, time.perf_counter() - started, last - first if last >= first else None))
         return summary
 
     async def _train_once(self) -> None:

@@ -134,6 +134,7 @@ class RunLog:
         # transport "kernel": every frame replayed through each hop's TCP flow; the decode laps' time on the links
         self.flows = tcp.HopFlows(sc.links, sc.ring, sc.loss_rto_ms) if sc.transport == "kernel" else None
         self.decode_transfer_s = 0.0
+        self.span = [float("inf"), float("-inf")]  # the first lap's start and the last lap's end: the run's span
         # the modes' own running aggregates (each mode's metrics.PART: lap_parts()), each fed every lap, by name
         self.parts = {part.name: part(sc, self.lap_buckets, compute_buckets) for part in lap_parts()}
 
@@ -168,6 +169,7 @@ class RunLog:
         a batch of M laps costs O(M + stages), not O(M x stages)."""
         first, n = records[0], len(records)
         keep_streams = per_stream(first.mode)  # every stream's tokens kept (the streams summary's texts)
+        self.span = [min(self.span[0], first.start), max(self.span[1], max(record.end for record in records))]
         self.laps.extend(records)
         self.lap_count += n
         for record in records:

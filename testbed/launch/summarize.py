@@ -194,13 +194,15 @@ def summarize(log: RunLog) -> RunSummary:
     )
 
 
-def simulated_rate(summary: RunSummary, wall_s: float) -> str:
+def simulated_rate(summary: RunSummary, wall_s: float, span_s: float | None = None) -> str:
     """The line a run on simulated time ends with: the tokens it generated over the box's wall seconds it took, its
     agents' start included (the virtual engine's own speed: a 10-minute serving trace at 10 req/s of 128-token
-    outputs is ~768k tokens), beside the simulated seconds its decode spanned."""
+    outputs is ~768k tokens), beside the simulated seconds its laps spanned (`span_s`: the first lap's start to the
+    last one's end; streams in flight overlap, so it is not the sum of their laps)."""
     tokens = summary.generated_tokens if summary.generated_tokens is not None else summary.tokens
     rate = tokens / wall_s if wall_s > 0 else 0.0
-    return (f"virtual time: {tokens} tokens in {wall_s:.2f} s wall ({summary.wall_s:.2f} s simulated): {rate:.0f} "
+    simulated = summary.wall_s if span_s is None else span_s
+    return (f"virtual time: {tokens} tokens in {wall_s:.2f} s wall ({simulated:.2f} s simulated): {rate:.0f} "
             f"simulated tokens per wall second")
 
 

@@ -43,6 +43,10 @@ class RequestRecord(JsonRecord):
     output_tokens: int  # tokens generated (= the spec's output_tokens when it completed)
     aborted: bool = False
     ids: tuple[int, ...] = ()  # the generated token ids (greedy: equal to a solo run's)
+    # the lengths its workload asked for (None: as computed): a drawn or replayed length past the model's context is
+    # fitted to it (prompt_tokens and output_tokens are what the ring computed; agents.modes.serve.workload.fitted)
+    requested_prompt_tokens: int | None = None
+    requested_output_tokens: int | None = None
 
     @property
     def completed(self) -> bool:

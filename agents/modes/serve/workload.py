@@ -9,6 +9,7 @@ same arrival pattern stretched, at every rate of a sweep (common random numbers)
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import json
 import math
@@ -21,6 +22,7 @@ from agents.modes.serve.requests import RequestSpec
 ARRIVALS = ("poisson", "gamma", "constant", "trace")
 LENGTHS = ("fixed", "uniform", "normal", "lognormal")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")  # the public Azure LLM inference trace's CSV
+FITTED = "requests do not fit the model's context"  # what the run's notice of the requests `fitted` clipped says
 
 
 class TraceError(ValueError):
@@ -77,6 +79,29 @@ class WorkloadSpec:
             raise bad("duration_s", "a number >= 0 (seconds)")
         if self.arrival != "trace" and (self.requests > 0) == (self.duration_s > 0):
             raise bad("requests", f"exactly one of requests and duration_s > 0 (duration_s = {self.duration_s!r})")
+
+
+def fitted(spec: RequestSpec, context: int) -> RequestSpec:
+    """The request as the model computes it within its context of `context` positions: its output at most half the
+    context, its prompt at most the rest (the runner's model reads the last tokens of the prompt asked for)."""
+    output = min(spec.output_tokens, context // 2)
+    return dataclasses.replace(spec, prompt_tokens=min(spec.prompt_tokens, context - output), output_tokens=output)
+
+
+def check_fits(spec: WorkloadSpec, context: int, model: str) -> None:
+    """A fixed length that no request can have within the model's context raises ValueError naming
+    workload.<key> and the limit (the serve mode emulates no longer context). Drawn lengths and a trace's may pass
+    it: the runner fits those one by one (fitted) and says how many it clipped."""
+    half = context // 2
+    if spec.output == "fixed" and spec.output_tokens > half:
+        raise ValueError(f"workload.output_tokens: {spec.output_tokens} output tokens do not fit the model's context "
+                         f"({model}: {context} positions; a request's output may take at most half of it, {half} "
+                         f"tokens)")
+    least_output = min(spec.output_tokens, half) if spec.output == "fixed" else 1
+    if spec.prompt == "fixed" and spec.prompt_tokens + least_output > context:
+        raise ValueError(f"workload.prompt_tokens: a prompt of {spec.prompt_tokens} tokens and {least_output} output "
+                         f"tokens do not fit the model's context ({model}: {context} positions): at most "
+                         f"{context - least_output} prompt tokens (the serve mode emulates no longer context)")
 
 
 def _positive(value: object) -> bool:

@@ -37,6 +37,7 @@ from rich.table import Table
 from agents.modes.serve.settings import ServeSettings
 from agents.modes.serve.slo import Goodput, per_request_lines
 from agents.modes.serve.summary import cap_of, prefill_s, ring_model
+from agents.modes.serve.workload import check_fits
 from testbed.core.errors import ConfigError
 from testbed.scenario.config import Scenario
 from testbed.scenario.validate import listed
@@ -119,7 +120,22 @@ def serving_scenario(args: argparse.Namespace, goodput: Goodput | None) -> Scena
     if scenario.decode.settings(ServeSettings).arrival == "trace":
         raise ConfigError("the scenario's workload replays a trace: a rate sweep needs arrivals drawn at a rate "
                           "(--arrival poisson, gamma or constant)", source=scenario.source, key="workload.arrival")
+    check_context(args, scenario)
     return scenario
+
+
+def check_context(args: argparse.Namespace, scenario: Scenario) -> None:
+    """A fixed prompt or output that no request can have within the model's context: a ConfigError naming the flag
+    that set it (or the scenario's key) and the limit, before anything runs (the runner would refuse it too)."""
+    from agents.zoo.configs import model_config
+
+    try:
+        check_fits(scenario.decode.settings(ServeSettings).workload(), model_config(scenario.model).block_size,
+                   scenario.model)
+    except ValueError as exc:
+        key, _, message = str(exc).partition(": ")
+        flag = next((f for f, k in WORKLOAD_FLAGS.items() if k == key and getattr(args, dest(f)) is not None), None)
+        raise ConfigError(message, source=None if flag else scenario.source, key=flag or key) from exc
 
 
 

@@ -9,6 +9,7 @@ import dataclasses
 from agents.modes.serve.queueing import knee_rate
 from agents.modes.serve.settings import ServeSettings
 from agents.modes.serve.summary import ring_model
+from agents.modes.serve.workload import FITTED
 from testbed.core.errors import ConfigError
 from testbed.scenario.config import Scenario
 from testbed.studies.base import dilation_of, plan_runs
@@ -47,7 +48,7 @@ class Server:
             return self.rows[rate]
         from testbed.launch.launcher import run_scenario
 
-        summary = await run_scenario(at_rate(self.scenario, rate), self.args.shaper, log=lambda m: None,
+        summary = await run_scenario(at_rate(self.scenario, rate), self.args.shaper, log=self.passed_on,
                                      dilation=self.args.dilation, compensate=self.args.compensate)
         self.shaper, serve = summary.shaper, summary.serve
         if serve is None:
@@ -61,6 +62,12 @@ class Server:
         self.rows[rate] = row
         self.log(progress(self.label, row))
         return row
+
+    def passed_on(self, line: str) -> None:
+        """Of a run's own lines, the two a study's reader needs: the requests the model's context fitted
+        (agents.modes.serve.workload.FITTED) and, on simulated time, the virtual engine's speed."""
+        if line.startswith("virtual time: ") or FITTED in line:
+            self.log(f"  {self.label}: {line}")
 
     def measured(self, rates) -> tuple[ServeRow, ...]:
         return tuple(self.rows[rate] for rate in sorted(rates))

@@ -17,9 +17,10 @@ tokens as one BATCH frame) with requests coming and going. The policy, which age
 The entry is one server: a step (heads, the convoy's front, the prefills it admits) is padded to its emulated cost;
 arrivals during it wait for its end (their queueing counts from arrival). The records of the requests that ended in a
 step ride on the first lap it reports (ServeLap, with the running and waiting counts): the laps' path to the launcher.
-Chunked prefill (decode.prefill_chunk: runner/prefill.py), speculation (decode.speculate: runner/speculating.py) and
-the KV budget (Scenario.kv_positions) are documented in docs/modes/serve.md. Not yet: prompts past the model's context
-(clipped), shipped KV, heads off the entry.
+The workload's requests and their fit to the model's context (runner/arrivals.py), chunked prefill
+(decode.prefill_chunk: runner/prefill.py), speculation (decode.speculate: runner/speculating.py) and the KV budget
+(Scenario.kv_positions) are documented in docs/modes/serve.md. Not yet: a context longer than the model's (emulated),
+shipped KV, heads off the entry.
 """
 
 from __future__ import annotations
@@ -35,16 +36,15 @@ import trio
 
 from agents.modes.serve.facts import ServeLap
 from agents.modes.serve.requests import RequestRecord, RequestSpec, Submitted
+from agents.modes.serve.runner.arrivals import Arrivals
 from agents.modes.serve.runner.prefill import ChunkedPrefill
 from agents.modes.serve.runner.request import Request
 from agents.modes.serve.runner.speculating import Speculating
 from agents.modes.serve.settings import EndpointSettings, ServeSettings, ServeSpecSettings
-from agents.modes.serve.workload import generate
 from agents.modes.speculative.runner import Drafter, PositionRandom
 from agents.modes.streams.runner import StreamsMode, lap_rows, unique_frames
 from agents.process import wire
 from agents.process.ring import RingClient
-from agents.zoo.prompts import synthetic
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError, PeerTimeout, WireError
 from testbed.core.facts import PrefillChunk
@@ -54,7 +54,7 @@ from testbed.core.records import LapRecord
 HTTP_GRACE_S = 5.0  # the endpoint's last responses, written after the ring is empty (hypercorn's graceful_timeout: 3 s)
 
 
-class ServeMode(Speculating, ChunkedPrefill, StreamsMode):
+class ServeMode(Arrivals, Speculating, ChunkedPrefill, StreamsMode):
     """The serve mode's entry: run() serves the workload of [workload] (and whatever `submit` hands in while
     `keep_open`) and returns the tokens generated. It is an Engine (agents.modes.serve.requests) for the endpoint."""
 
@@ -127,32 +127,7 @@ class ServeMode(Speculating, ChunkedPrefill, StreamsMode):
         self.keep_open = False
         self.events_send.send_nowait(("wake", None))
 
-    # --- requests --------------------------------------------------------------------------------------------
-
-    def request(self, spec: RequestSpec, prompt: list[int], arrival: float) -> Request:
-        return Request(spec, prompt, arrival, torch.Generator().manual_seed(self.config.seed + spec.index))
-
-    def prompt_of(self, spec: RequestSpec) -> list[int]:
-        """Real text of the requested length from the shipped corpus (agents.zoo.prompts), at most what leaves room
-        in the model's context for the request's output."""
-        room = self.block_size - min(spec.output_tokens, self.block_size // 2)
-        return synthetic(max(1, min(spec.prompt_tokens, room)), spec.index, self.stage.model.vocabulary)
-
-    def workload(self) -> list[RequestSpec]:
-        """The workload's requests (a trace's arrival times stretched by trace_scale), outputs within the context."""
-        settings = self.settings
-        specs = generate(settings.workload(), max_prompt=self.block_size - 1, max_output=self.block_size // 2)
-        if settings.arrival == "trace" and settings.trace_scale != 1.0:
-            specs = [dataclasses.replace(s, arrival_s=s.arrival_s * settings.trace_scale) for s in specs]
-        return specs
-
-    async def arrivals(self, specs: list[RequestSpec]) -> None:
-        """Each request into the queue at its arrival time on the ring's clock."""
-        clock = self.ring.clock
-        for spec in specs:
-            await clock.sleep_until(self.origin + spec.arrival_s)
-            self.events_send.send_nowait(("request", self.request(spec, self.prompt_of(spec), clock.now())))
-        self.events_send.send_nowait(("arrived", None))
+    # --- requests ------------------------------------------------------------------------------------------------
 
     def abort(self, request: Request) -> None:
         """Its client went away: a waiting request ends now; an admitted one at its next return to the entry."""
@@ -216,6 +191,7 @@ class ServeMode(Speculating, ChunkedPrefill, StreamsMode):
             raise ConfigError("the serve mode has no requests to serve: set workload.requests or workload.duration_s, "
                               "or open the HTTP endpoint (--http PORT)", key="workload.requests")
         self.next_index = len(specs)
+        self.say_fitted(specs)
         self.origin = self.ring.clock.now()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.frames)

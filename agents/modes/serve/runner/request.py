@@ -39,6 +39,7 @@ class Request:
     drafter: Drafter | None = None
     drafts: list[int] = field(default_factory=list)
     qs: list[torch.Tensor] = field(default_factory=list)
+    asked: RequestSpec | None = None  # the request as its workload asked for it, where the context clipped `spec`
 
     @property
     def generated(self) -> int:
@@ -56,4 +57,5 @@ class Request:
             index=self.spec.index, arrival=self.arrival, admitted=self.admitted,
             first_token=self.token_times[0] if self.token_times else None, token_times=tuple(self.token_times),
             finished=at, prompt_tokens=len(self.prompt), output_tokens=len(self.ids), aborted=self.aborted,
-            ids=tuple(self.ids))
+            ids=tuple(self.ids), requested_prompt_tokens=(self.asked or self.spec).prompt_tokens,
+            requested_output_tokens=(self.asked or self.spec).output_tokens)
