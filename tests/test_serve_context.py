@@ -17,8 +17,7 @@ from agents.modes.serve.settings import MAX_TOKENS
 from agents.modes.serve.workload import WorkloadSpec, check_fits, fitted, generate
 from agents.zoo.prompts import synthetic
 from testbed import cli
-from testbed.core.errors import leaf_errors
-from tests.ringutil import run
+from testbed.core.errors import ConfigError
 from tests.test_serve_mode import serve_scenario, served
 from tests.test_streams import greedy_reference
 
@@ -47,11 +46,16 @@ def test_a_fixed_length_that_fits_exactly_passes():
         check_fits(WorkloadSpec(prompt_tokens=8, output_tokens=129), CONTEXT, "target")
 
 
-def test_a_run_refuses_a_fixed_prompt_past_the_context_naming_the_key():
-    with pytest.raises(BaseException) as info:
-        run(serve_scenario(arrival="poisson", rate=50.0, requests=3, prompt_tokens=4000, output_tokens=8))
-    said = " ".join(str(e) for e in leaf_errors(info.value))  # the entry's ConfigError, as its agent's failure
-    assert "ConfigError: workload.prompt_tokens: a prompt of 4000 tokens" in said and "at most 248" in said
+def test_a_run_refuses_a_fixed_prompt_past_the_context_naming_the_key(capsys):
+    """Where the scenario loads (the mode card's check_context), before any agent starts: `testbed run` exits 2."""
+    with pytest.raises(ConfigError) as info:
+        serve_scenario(arrival="poisson", rate=50.0, requests=3, prompt_tokens=4000, output_tokens=8)
+    assert info.value.key == "workload.prompt_tokens" and "a prompt of 4000 tokens" in str(info.value)
+    assert "at most 248" in str(info.value)
+    code = cli.main(["run", "geo-ring", "--shaper", "virtual", "--set", 'decode.mode="serve"', "--set",
+                     "workload.prompt_tokens=4000", "--set", "workload.requests=2"])
+    text = "".join(capsys.readouterr())
+    assert code == 2 and "workload.prompt_tokens" in text and "at most 224" in text and "Traceback" not in text
 
 
 def test_drawn_prompts_past_the_context_are_fitted_said_and_recorded():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from testbed.core.jsonrecord import JsonRecord
 from testbed.core.settings import ModeSettings
@@ -200,6 +200,9 @@ class ModeInfo:
     # its own [decode] keys: ModeSettings classes (its folder's settings.py; a mode may read another's, as dsd reads
     # speculation's K): every registered one is checked and carried in DecodeConfig.mode_settings
     settings: tuple[type[ModeSettings], ...] = ()
+    # its settings against the model's context where a scenario loads: (decode config, the model's positions, the
+    # model's name) -> raises ValueError whose text starts with the key (serve: a fixed prompt that cannot fit)
+    check_context: Callable[[DecodeConfig, int, str], None] | None = None
 
     def __post_init__(self) -> None:
         if (self.summary is None) != (self.summary_field is None):

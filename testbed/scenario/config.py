@@ -261,8 +261,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
         raise ConfigError("edge drafts verify on the entry of a pipeline: keep parallel and placement.head at their "
                           "defaults", source=source, key="spec.placement")
     check_models(model, decode, parallel=parallel, drafts_on_edge=spec.placement == "edge", source=source)
-    if is_hf(model):  # a byte model's split is checked at launch, a checkpoint's here: its layers are its own
-        split_layers(model_config(model).n_layer, tuple(stages), source)
+    check_model_fits(model, decode, stages, source)
     geometry, stages, wire = apply_geometry(raw, stages, wire, placement.head, model, decode, scale, source)
     links += edge_links(spec, len(stages), seed + len(links))
     schedule = parse_schedule(net.get("schedule"), {(link.src, link.dst) for link in links}, source, scale)
@@ -273,6 +272,19 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,
                     lap_timeout_s=lap_timeout_s, geometry=geometry, transport=transport)
+
+
+def check_model_fits(model: str, decode: DecodeConfig, stages: list[StageConfig], source: str) -> None:
+    """A checkpoint's layers over the stages (a byte model's split is checked at launch), and the mode's lengths
+    against the model's context (ModeInfo.check_context: serve's fixed prompt and output lengths)."""
+    if is_hf(model):
+        split_layers(model_config(model).n_layer, tuple(stages), source)
+    if (check := MODES[decode.mode].check_context) is not None:
+        try:
+            check(decode, model_config(model).block_size, model)
+        except ValueError as exc:
+            key, _, why = str(exc).partition(": ")
+            raise ConfigError(why, source=source, key=key) from exc
 
 
 def check_head(placement: PlacementConfig, decode: DecodeConfig, n_stages: int, source: str) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from agents.modes.serve.facts import ServeLap, ServeSummary  # noqa: F401  (registered: laps read back get them)
 from agents.modes.serve.settings import EndpointSettings, ServeSettings, ServeSpecSettings
-from testbed.core.decode import ModeInfo
+from agents.modes.serve.workload import check_fits
+from testbed.core.decode import DecodeConfig, ModeInfo
+
+
+def check_context(decode: DecodeConfig, context: int, model: str) -> None:
+    """A fixed prompt or output length that cannot fit the model's context, refused where the scenario loads."""
+    check_fits(decode.settings(ServeSettings).workload(), context, model)
+
 
 INFO = ModeInfo("serve", __name__, metric_kind="serve", min_stages=2, streams_as="serve", summary=ServeSummary,
-                summary_field="serve", drafts=True, settings=(ServeSettings, EndpointSettings, ServeSpecSettings))
+                summary_field="serve", drafts=True, settings=(ServeSettings, EndpointSettings, ServeSpecSettings),
+                check_context=check_context)
