@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -30,6 +30,17 @@ from testbed.launch.dilation import BUDGET_S, parse_budget, parse_dilation
 from testbed.launch.trace import tracing
 
 TABLE_WIDTH = 160  # a study's tables print at least this wide (a piped console is 80 wide and would fold them)
+
+
+ResultT = TypeVar("ResultT")
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[ResultT]):
+    """One study's result read back for `testbed report`, and where it came from (a file, or "file.json[2]")."""
+
+    source: str
+    result: ResultT
 
 
 @dataclass(frozen=True)

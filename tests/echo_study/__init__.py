@@ -11,7 +11,7 @@ import trio
 from rich.console import Console
 
 from testbed.core.records import JsonRecord
-from testbed.studies.base import ReportPart, Study, make_scenario, results_path, write_json
+from testbed.studies.base import Sourced, ReportPart, Study, make_scenario, results_path, write_json
 from testbed.scenario.validate import check_number, record_from
 
 
@@ -20,12 +20,6 @@ class EchoResult(JsonRecord):
     scenario: str
     echo_measured_tok_s: float
     predicted_tok_s: float
-
-
-@dataclass(frozen=True)
-class SourcedEcho:
-    source: str
-    result: EchoResult
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -45,13 +39,13 @@ def show(result: EchoResult, args: argparse.Namespace, console: Console) -> None
     write_json(results_path(args, "echo", args.scenario), result.to_json(indent=2), console)
 
 
-def parse(data: dict, source: str) -> SourcedEcho:
+def parse(data: dict, source: str) -> Sourced[EchoResult]:
     result = record_from(EchoResult, data, source, "an echo result")
     check_number(result.echo_measured_tok_s, source, "echo_measured_tok_s", minimum=0.0)
-    return SourcedEcho(source, result)
+    return Sourced(source, result)
 
 
-def markdown(items: Sequence[SourcedEcho]) -> list[str]:
+def markdown(items: Sequence[Sourced[EchoResult]]) -> list[str]:
     return [f"| {item.source} | {item.result.echo_measured_tok_s:.3f} | {item.result.predicted_tok_s:.3f} |"
             for item in items]
 

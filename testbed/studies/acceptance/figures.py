@@ -4,26 +4,18 @@ checked and tabled: per K, the held-out Gamma measured next to the per-position 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
 from testbed.studies.acceptance.result import AcceptanceResult
+from testbed.studies.base import Sourced
 
 DRAFTS = ("trained", "calibrated")
 ROW_POSITIVE = ("measured_gamma", "conditional_gamma", "positional_gamma", "iid_gamma")  # at least one token a round
 ROW_NON_NEGATIVE = ("measured_se", "conditional_se", "conditional_error_se", "positional_se", "iid_error_se")
 
 
-@dataclass(frozen=True)
-class SourcedAcceptance:
-    """One acceptance calibration (`testbed acceptance --json`) and where it came from."""
-
-    source: str
-    result: AcceptanceResult
-
-
-def parse_acceptance(data: dict, source: str) -> SourcedAcceptance:
+def parse_acceptance(data: dict, source: str) -> Sourced[AcceptanceResult]:
     """A `testbed acceptance --json` object -> a checked AcceptanceResult; field errors become ConfigError."""
     result = record_from(AcceptanceResult, data, source, "an acceptance result")
     check_text(result.scenario, source, "scenario")
@@ -39,10 +31,10 @@ def parse_acceptance(data: dict, source: str) -> SourcedAcceptance:
             check_number(getattr(row, key), source, f"acceptance_rows[{i}].{key}", minimum=1.0)
         for key in ROW_NON_NEGATIVE:
             check_number(getattr(row, key), source, f"acceptance_rows[{i}].{key}", minimum=0.0)
-    return SourcedAcceptance(source, result)
+    return Sourced(source, result)
 
 
-def acceptance_markdown(items: Sequence[SourcedAcceptance]) -> list[str]:
+def acceptance_markdown(items: Sequence[Sourced[AcceptanceResult]]) -> list[str]:
     lines = ["Tokens a round on held-out prompts, measured ± its standard error, next to Γ predicted from the "
              "calibration prompts: by start state (the start chain's mix at K), from one positional vector "
              "(1 + Σ S_i) and from α̂ alone (i.i.d.); errors ± their standard errors.", "",

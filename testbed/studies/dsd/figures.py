@@ -10,7 +10,6 @@ tables: latency per RTT with both crossovers, capacity per client count, and syn
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,6 +19,7 @@ from testbed.studies.dsd.measure import CapacityRow, DsdResult, DsdRow
 from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, cell, new_figure
 # one set of number/count/text checks for the report's sections, so their messages read alike
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.base import Sourced
 
 DSD_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
 SHARE_MAX: Final = 1.5  # hit rate and server busy are measured shares: timing may put them a little over 1
@@ -52,14 +52,6 @@ BATCHED_MARKER: Final = "D"
 CROSSOVER_STYLES: Final = (("measured", ":"), ("predicted", "--"))
 
 
-@dataclass(frozen=True)
-class SourcedDsd:
-    """One DSD result (`testbed dsd --json`) and where it came from."""
-
-    source: str
-    result: DsdResult
-
-
 # ---------------------------------------------------------------- loading and validation
 
 
@@ -78,7 +70,7 @@ def _check_rows(result: DsdResult, key: str, source: str, *, non_empty: bool) ->
     return rows
 
 
-def parse_dsd(data: dict, source: str) -> SourcedDsd:
+def parse_dsd(data: dict, source: str) -> Sourced[DsdResult]:
     """A `testbed dsd` JSON object -> a checked DsdResult; field errors become ConfigError naming the field."""
     result = record_from(DsdResult, data, source, "a DSD result")
     check_text(result.scenario, source, "scenario")
@@ -96,7 +88,7 @@ def parse_dsd(data: dict, source: str) -> SourcedDsd:
         _check_numbers(row, CAPACITY_NUMBERS, source, f"capacity[{i}].")
     for i, row in enumerate(_check_rows(result, "jitter", source, non_empty=False)):
         _check_numbers(row, JITTER_NUMBERS, source, f"jitter[{i}].")
-    return SourcedDsd(source, result)
+    return Sourced(source, result)
 
 
 # ---------------------------------------------------------------- what is drawn, in which order
@@ -128,7 +120,7 @@ def _pair(measured: float, predicted: float) -> str:
     return f"{measured:.0f} / {predicted:.0f}"
 
 
-def _latency_rows(item: SourcedDsd) -> list[str]:
+def _latency_rows(item: Sourced[DsdResult]) -> list[str]:
     r = item.result
     lines = ["", f"{item.source}: {r.scenario}, K = {r.k}, {r.tokens} tokens a request, shaper {r.shaper or DASH}.",
              "", "| source | RTT (ms) | co-located (ms) | sync DSD (ms) | pipelined DSD (ms) | cloud AR (ms) | α̂ "
@@ -143,7 +135,7 @@ def _latency_rows(item: SourcedDsd) -> list[str]:
                     f"cloud AR below {crossover_text(r.ar_crossover_rtt_ms, r.ar_crossover_predicted_rtt_ms)}"]
 
 
-def _capacity_rows(item: SourcedDsd) -> list[str]:
+def _capacity_rows(item: Sourced[DsdResult]) -> list[str]:
     r = item.result
     if not r.capacity:
         return ["", f"{item.source}: no capacity runs (`dsd --clients`)."]
@@ -161,7 +153,7 @@ def _capacity_rows(item: SourcedDsd) -> list[str]:
                     f"server drafting for them, {r.clients_offloaded} with the drafts offloaded (of those measured)"]
 
 
-def _jitter_rows(item: SourcedDsd) -> list[str]:
+def _jitter_rows(item: Sourced[DsdResult]) -> list[str]:
     lines = ["", f"{item.source}: synchronous DSD on a jittery edge link against the jitter-free closed form.", "",
              "| source | RTT (ms) | jitter (ms) | request (ms) meas / pred | error (%) | round (ms) | α̂ | t_d (ms) "
              "| t_v (ms) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -172,7 +164,7 @@ def _jitter_rows(item: SourcedDsd) -> list[str]:
     return lines
 
 
-def dsd_markdown(items: Sequence[SourcedDsd]) -> list[str]:
+def dsd_markdown(items: Sequence[Sourced[DsdResult]]) -> list[str]:
     """The speculation-at-a-distance section's body: what is predicted, then each result's tables."""
     lines = ["Per edge RTT, one request each way, measured / predicted (ms): co-located SD and cloud AR are the "
              "server's own closed forms plus the RTT once; synchronous and pipelined DSD physics.dsd_round_s with "

@@ -4,23 +4,15 @@ tabled, every row's mean and p99 lap measured next to the model, and whether the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from testbed.core.errors import ConfigError
 from testbed.studies.faults.measure import FaultRow, FaultsResult
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.base import Sourced
 
 FAULTS = ("jitter", "loss")
 ROW_NON_NEGATIVE = ("value", "lap_ms", "lap_ms_p99", "predicted_ms", "predicted_ms_p99", "lost_pct",
                     "predicted_lost_ms", "model_penalty_ms", "per_loss_ms")
-
-
-@dataclass(frozen=True)
-class SourcedFaults:
-    """One faults result (one backend's rows) and where it came from."""
-
-    source: str
-    result: FaultsResult
 
 
 def check_fault_row(row: FaultRow, source: str, where: str) -> None:
@@ -36,7 +28,7 @@ def check_fault_row(row: FaultRow, source: str, where: str) -> None:
                           key=f"{where}.same_output")
 
 
-def parse_faults(data: dict, source: str) -> SourcedFaults:
+def parse_faults(data: dict, source: str) -> Sourced[FaultsResult]:
     """A `testbed faults --json` object -> a checked FaultsResult; field errors become ConfigError."""
     result = record_from(FaultsResult, data, source, "a faults result")
     check_text(result.scenario, source, "scenario")
@@ -49,14 +41,14 @@ def parse_faults(data: dict, source: str) -> SourcedFaults:
                           key="fault_rows")
     for i, row in enumerate(result.fault_rows):
         check_fault_row(row, source, f"fault_rows[{i}]")
-    return SourcedFaults(source, result)
+    return Sourced(source, result)
 
 
 def _label(row: FaultRow) -> str:
     return f"jitter {row.value:g} ms" if row.fault == "jitter" else f"loss {row.value:g}%"
 
 
-def faults_markdown(items: Sequence[SourcedFaults]) -> list[str]:
+def faults_markdown(items: Sequence[Sourced[FaultsResult]]) -> list[str]:
     """The faults section's body: the model, then a table per result (one backend)."""
     lines = ["Every link with the row's jitter (a standard deviation) or loss, greedy decoding. Predicted: jitter "
              "C + sum of max(0, l + σZ) per hop; loss C + T_ring + k RTO with k ~ Binomial(N, p), and with the share "

@@ -5,7 +5,6 @@ measured points on their closed forms."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -14,6 +13,7 @@ from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
 from testbed.studies.overlap.measure import RINGS, OverlapResult, OverlapRow, caption, label
 from testbed.studies.style import CURVE_POINTS, FIGURE_DPI, WALL_COLOURS, cell, new_figure
+from testbed.studies.base import Sourced
 
 POSITIVE: Final = ("compute_ms", "plain_tok_s", "plain_predicted_tok_s", "sync_tok_s", "sync_predicted_tok_s",
                    "overlap_tok_s", "overlap_predicted_tok_s", "overlap_expected_tok_s", "overlap_bound_tok_s",
@@ -23,14 +23,6 @@ PLAIN_COLOUR: Final = "0.35"
 SYNC_COLOUR: Final = "tab:orange"
 OVERLAP_COLOURS: Final = tuple(c for c in WALL_COLOURS if c != SYNC_COLOUR)  # one per window
 MARKERS: Final = ("o", "s", "^", "D")  # one per result on the figure
-
-
-@dataclass(frozen=True)
-class SourcedOverlap:
-    """One overlap study (`testbed overlap --json`) and where it came from."""
-
-    source: str
-    result: OverlapResult
 
 
 def check_row(row: OverlapRow, source: str, where: str) -> None:
@@ -52,7 +44,7 @@ def check_row(row: OverlapRow, source: str, where: str) -> None:
         raise ConfigError(f"expected true or false, got {row.queue_free!r}", source=source, key=f"{where}.queue_free")
 
 
-def parse_overlap(data: dict, source: str) -> SourcedOverlap:
+def parse_overlap(data: dict, source: str) -> Sourced[OverlapResult]:
     """A `testbed overlap --json` object -> a checked OverlapResult; field errors become ConfigError."""
     result = record_from(OverlapResult, data, source, "an overlap study")
     check_text(result.shaper, source, "shaper")
@@ -66,10 +58,10 @@ def parse_overlap(data: dict, source: str) -> SourcedOverlap:
                           key="overlap_rows")
     for i, row in enumerate(result.overlap_rows):
         check_row(row, source, f"overlap_rows[{i}]")
-    return SourcedOverlap(source, result)
+    return Sourced(source, result)
 
 
-def overlap_markdown(items: Sequence[SourcedOverlap]) -> list[str]:
+def overlap_markdown(items: Sequence[Sourced[OverlapResult]]) -> list[str]:
     """The section's body: what is predicted, then a table per result with its caption."""
     lines = ["Per ring (a shipped scenario's stages and hops, the same prompt, draft and K on each), tok/s measured / "
              "predicted: plain decode 1 / (C + T_ring); synchronous speculation Gamma / (K c_d + C + T_ring) with the "

@@ -5,7 +5,6 @@ tabled and drawn as fig5_placement.png, the predicted rate 1/(C + T_ring) of eac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -14,6 +13,7 @@ from testbed.core.errors import ConfigError
 from testbed.studies.place.measure import Placement, PlaceResult
 from testbed.studies.style import DASH, FIGURE_DPI, FIGURE_SIZE_IN, cell, new_figure
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.base import Sourced
 
 
 # (field, minimum, required): the numbers fig5 and the table read from each placement.
@@ -32,14 +32,6 @@ BAR_GROUP_GAP: Final = 0.5  # extra space between an order (with its separate he
 BAR_HEIGHT_IN: Final = 0.55
 
 
-@dataclass(frozen=True)
-class SourcedPlace:
-    """One placement search (`testbed place --json`) and where it came from."""
-
-    source: str
-    result: PlaceResult
-
-
 def check_placement(placement: Placement, source: str, where: str) -> None:
     """A placement's stages, regions, label, head and numbers are what fig5 reads; errors name the field."""
     for key in ("order", "regions"):
@@ -56,7 +48,7 @@ def check_placement(placement: Placement, source: str, where: str) -> None:
         check_number(getattr(placement, key), source, f"{where}.{key}", minimum=minimum, required=required)
 
 
-def parse_place(data: dict, source: str) -> SourcedPlace:
+def parse_place(data: dict, source: str) -> Sourced[PlaceResult]:
     """A `testbed place --json` object -> a checked PlaceResult; field errors become ConfigError."""
     result = record_from(PlaceResult, data, source, "a placement result")
     check_text(result.scenario, source, "scenario")
@@ -68,7 +60,7 @@ def parse_place(data: dict, source: str) -> SourcedPlace:
                           key="placements")
     for i, placement in enumerate(result.placements):
         check_placement(placement, source, f"placements[{i}]")
-    return SourcedPlace(source, result)
+    return Sourced(source, result)
 
 
 def _derives_from(separate: Placement, entry: Sequence[Placement]) -> int | None:
@@ -103,7 +95,7 @@ def _search(result: PlaceResult) -> str:
     return how + median
 
 
-def _place_rows(item: SourcedPlace) -> list[str]:
+def _place_rows(item: Sourced[PlaceResult]) -> list[str]:
     r = item.result
     lines = [f"{item.source}: {r.scenario}, shaper {r.shaper or DASH}, {_search(r)}.", "",
              "| source | placement | ring | T_ring (ms) | predicted (tok/s) | measured (tok/s) | error (%) |",
@@ -168,7 +160,7 @@ def plot_placement(results: Sequence[PlaceResult], path: Path) -> None:
     figure.savefig(path, dpi=FIGURE_DPI)
 
 
-def placement_markdown(places: Sequence[SourcedPlace]) -> list[str]:
+def placement_markdown(places: Sequence[Sourced[PlaceResult]]) -> list[str]:
     """The placement section's body: what is predicted, then a table per placement search."""
     lines = ["Ring orders: predicted r = 1/(C + T_ring) with T_ring the sum of the one-way latencies along the "
              "order (C emulated; for a measured order the run's measured C). A separate head's agent adds one "

@@ -16,12 +16,12 @@ import datetime
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_number, check_text, record_from
 from testbed.studies.probe.result import ProbeResult
+from testbed.studies.base import Sourced
 
 FILLS = ("measured", "reverse", "routed")
 
@@ -104,13 +104,9 @@ def write(result, path: str | Path, command: str) -> Path:
 
 
 # --- the report part ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SourcedProbe:
-    source: str
-    result: ProbeResult
 
 
-def parse(data: dict, source: str) -> SourcedProbe:
+def parse(data: dict, source: str) -> Sourced[ProbeResult]:
     """A `testbed probe --json` object -> a checked ProbeResult; field errors become ConfigError."""
     result = record_from(ProbeResult, data, source, "a probe result")
     check_text(result.shaper, source, "shaper")
@@ -120,10 +116,10 @@ def parse(data: dict, source: str) -> SourcedProbe:
         check_number(r.configured_ms, source, f"probe_links[{i}].configured_ms", minimum=0.0)
         check_number(r.latency_ms, source, f"probe_links[{i}].latency_ms")
         check_number(r.goodput_mbit, source, f"probe_links[{i}].goodput_mbit", minimum=0.0)
-    return SourcedProbe(source, result)
+    return Sourced(source, result)
 
 
-def markdown(items: Sequence[SourcedProbe]) -> list[str]:
+def markdown(items: Sequence[Sourced[ProbeResult]]) -> list[str]:
     lines = ["Each probe: every link of a scenario measured one-way on the box's clock (median of the smallest "
              "message, less its serialization; goodput the slope to the largest), beside what the scenario "
              "configured.", "",

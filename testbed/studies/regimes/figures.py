@@ -5,7 +5,6 @@ TTFT vs prompt per link rate (fig4_ttft.png)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -14,20 +13,13 @@ from testbed.core.errors import ConfigError
 from testbed.studies.regimes.measure import KINDS, STREAMS, RegimeRow, RegimesResult
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.scenario.validate import check_number, record_from
+from testbed.studies.base import Sourced
 
 
 # What each regime's rows must carry besides measured and predicted (the figures read them).
 REGIME_ROW_FIGURES: Final[dict[str, tuple[str, ...]]] = {
     "ttft": ("prompt_tokens", "rate_mbit"), "cold": ("prompt_tokens", "rate_mbit"), "decode": (), "speculative": (),
     "streams": ("streams", "per_stream_tok_s", "per_stream_predicted_tok_s", "per_stream_min_tok_s", "ceiling_tok_s")}
-
-
-@dataclass(frozen=True)
-class SourcedRegimes:
-    """One regime map (`testbed regimes` JSON) and where it came from."""
-
-    source: str
-    result: RegimesResult
 
 
 def check_regime_row(row: RegimeRow, source: str, where: str) -> None:
@@ -45,17 +37,17 @@ def check_regime_row(row: RegimeRow, source: str, where: str) -> None:
                           key=f"{where}.batching")
 
 
-def parse_regimes(data: dict, source: str) -> SourcedRegimes:
+def parse_regimes(data: dict, source: str) -> Sourced[RegimesResult]:
     """A `testbed regimes` JSON object -> a checked RegimesResult; field errors become ConfigError."""
     result = record_from(RegimesResult, data, source, "a regimes result")
     if not result.rows:
         raise ConfigError("expected at least one row", source=source, key="rows")
     for i, row in enumerate(result.rows):
         check_regime_row(row, source, f"rows[{i}]")
-    return SourcedRegimes(source, result)
+    return Sourced(source, result)
 
 
-def regime_markdown(maps: Sequence[SourcedRegimes]) -> list[str]:
+def regime_markdown(maps: Sequence[Sourced[RegimesResult]]) -> list[str]:
     lines = []
     for item in maps:
         r = item.result

@@ -4,7 +4,6 @@ drawn as fig12_search_pareto.png: the fastest candidate at each $/h, the Pareto 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.core.errors import ConfigError
@@ -12,15 +11,10 @@ from testbed.scenario.validate import check_count, check_number, check_text, rec
 from testbed.studies.search.measure import SearchResult
 from testbed.studies.search.spec import OBJECTIVES
 from testbed.studies.style import FIGURE_DPI, WALL_COLOURS, new_figure
+from testbed.studies.base import Sourced
 
 
-@dataclass(frozen=True)
-class SourcedSearch:
-    source: str
-    result: SearchResult
-
-
-def parse(data: dict, source: str) -> SourcedSearch:
+def parse(data: dict, source: str) -> Sourced[SearchResult]:
     """A `testbed search --json` object -> a checked SearchResult; field errors become ConfigError."""
     result = record_from(SearchResult, data, source, "a search result")
     check_text(result.model, source, "model")
@@ -34,10 +28,10 @@ def parse(data: dict, source: str) -> SourcedSearch:
         for i, row in enumerate(getattr(result, key)):
             check_number(row.tok_s, source, f"{key}[{i}].tok_s", positive=True)
             check_number(row.cost_hour, source, f"{key}[{i}].cost_hour", minimum=0.0)
-    return SourcedSearch(source, result)
+    return Sourced(source, result)
 
 
-def markdown(items: Sequence[SourcedSearch]) -> list[str]:
+def markdown(items: Sequence[Sourced[SearchResult]]) -> list[str]:
     lines = ["Each search: candidates scored by the closed forms (which machines, the ring order of their regions, "
              "the layer split, speculation at K*), memory-infeasible ones refused with the reason; the winner against "
              "the best even split with plain decode on the fewest regions, and the winner run on virtual time (and, "

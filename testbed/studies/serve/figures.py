@@ -6,7 +6,6 @@ against the rate with its target and the search's answer (fig10_serve_attainment
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -15,6 +14,7 @@ from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
 from testbed.studies.serve.result import COMPARISONS, ServeResult, ServeRow, ServeVariant
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, cell, new_figure
+from testbed.studies.base import Sourced
 
 # The numbers the table and the figures read from each row's measured figures (minimum 0, required).
 ROW_NUMBERS: Final = tuple(f"{stat}_{latency}_ms" for latency in ("ttft", "tpot", "e2el")
@@ -23,15 +23,7 @@ PANELS: Final = (("ttft", "time to first token"), ("tpot", "time per output toke
 P99_MARKER: Final = "v"
 
 
-@dataclass(frozen=True)
-class SourcedServe:
-    """One serving study (`testbed serve` JSON) and where it came from."""
-
-    source: str
-    result: ServeResult
-
-
-def parse_serve(data: dict, source: str) -> SourcedServe:
+def parse_serve(data: dict, source: str) -> Sourced[ServeResult]:
     """A `testbed serve` JSON object -> a checked ServeResult; field errors become ConfigError naming the key."""
     result = record_from(ServeResult, data, source, "a serve result")
     check_text(result.scenario, source, "scenario")
@@ -53,7 +45,7 @@ def parse_serve(data: dict, source: str) -> SourcedServe:
                      minimum=0.0, maximum=100.0, required=False)
     for i, comparison in enumerate(result.comparisons):
         check_text(comparison.kind, source, f"comparisons[{i}].kind", COMPARISONS)
-    return SourcedServe(source, result)
+    return Sourced(source, result)
 
 
 def caption(result: ServeResult) -> str:
@@ -133,7 +125,7 @@ def comparison_cells(v: ServeVariant) -> str:
             f"{cell(m and m.median_tpot_ms, '.1f')} | {cell(m and m.slo_attainment_pct, '.1f')}")
 
 
-def serve_markdown(items: Sequence[SourcedServe]) -> list[str]:
+def serve_markdown(items: Sequence[Sourced[ServeResult]]) -> list[str]:
     """The serving section's body: what is measured and predicted, then each result's tables."""
     lines = ["Each rate is one run of a seeded open-loop workload (the serve mode); the figures are vLLM's "
              "(`vllm bench serve`), computed from the requests' records. The model is the queueing model of "

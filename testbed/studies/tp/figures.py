@@ -5,7 +5,6 @@ bound 4 L / N."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -14,6 +13,7 @@ from testbed.core.errors import ConfigError
 from testbed.studies.style import DASH, FIGURE_DPI, WALL_COLOURS, new_figure
 from testbed.studies.tp.measure import TpResult, TpRow
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.base import Sourced
 
 
 TP_ROW_POSITIVE: Final = ("hop_scale", "pp_token_ms", "pp_predicted_token_ms", "tp_token_ms",
@@ -23,14 +23,6 @@ TP_ROW_NON_NEGATIVE: Final = ("mean_link_ms", "ratio_measured", "ratio_predicted
                               "pp_bytes_per_token")
 
 TP_COLOURS: Final = tuple(zip(WALL_COLOURS[0::2], WALL_COLOURS[1::2]))  # (PP, TP) per sweep
-
-
-@dataclass(frozen=True)
-class SourcedTp:
-    """One PP-vs-TP sweep (`testbed tp --json`) and where it came from."""
-
-    source: str
-    result: TpResult
 
 
 def check_tp_row(row: TpRow, source: str, where: str) -> None:
@@ -43,7 +35,7 @@ def check_tp_row(row: TpRow, source: str, where: str) -> None:
         raise ConfigError(f"expected true or false, got {row.same_tokens!r}", source=source, key=f"{where}.same_tokens")
 
 
-def parse_tp(data: dict, source: str) -> SourcedTp:
+def parse_tp(data: dict, source: str) -> Sourced[TpResult]:
     """A `testbed tp --json` object -> a checked TpResult; field errors become ConfigError."""
     result = record_from(TpResult, data, source, "a PP-vs-TP result")
     check_text(result.scenario, source, "scenario")
@@ -55,7 +47,7 @@ def parse_tp(data: dict, source: str) -> SourcedTp:
         raise ConfigError(f"expected a non-empty list of rows, got {result.tp_rows!r}", source=source, key="tp_rows")
     for i, row in enumerate(result.tp_rows):
         check_tp_row(row, source, f"tp_rows[{i}]")
-    return SourcedTp(source, result)
+    return Sourced(source, result)
 
 
 def tp_series(result: TpResult) -> list[TpRow]:
@@ -63,7 +55,7 @@ def tp_series(result: TpResult) -> list[TpRow]:
     return sorted(result.tp_rows, key=lambda row: row.mean_link_ms)
 
 
-def _tp_rows(item: SourcedTp) -> list[str]:
+def _tp_rows(item: Sourced[TpResult]) -> list[str]:
     r = item.result
     lines = [f"{item.source}: {r.scenario}, {r.ranks} agents, {r.layers} layers, {r.allreduce} all-reduce, "
              f"shaper {r.shaper or DASH}.", "",
@@ -112,7 +104,7 @@ def plot_tp(results: Sequence[TpResult], path: Path) -> None:
     figure.savefig(path, dpi=FIGURE_DPI)
 
 
-def tp_markdown(tps: Sequence[SourcedTp]) -> list[str]:
+def tp_markdown(tps: Sequence[Sourced[TpResult]]) -> list[str]:
     """The PP-vs-TP section's body: what is predicted, then a table per sweep."""
     lines = ["PP vs TP per token: PP C + T_ring; TP 2 L all-reduces (physics.tp_token_s). TP/PP exact is the "
              "ratio of the two predictions, 4L/N Eq. 8's bound.", ""]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -15,6 +14,7 @@ from testbed.core.errors import ConfigError
 from testbed.studies.style import CURVE_POINTS, DASH, FIGURE_DPI, FIGURE_SIZE_IN, WALL_COLOURS, new_figure
 from testbed.studies.tree.measure import TreeFit, TreeRow, TreeSweep
 from testbed.scenario.validate import check_count, check_number, check_text, record_from
+from testbed.studies.base import Sourced
 
 
 TREE_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by side
@@ -22,14 +22,6 @@ TREE_FIGURE_SIZE_IN: Final = (15.0, FIGURE_SIZE_IN[1])  # two panels side by sid
 # TreeRow numbers: n sits on fig7's log axis; the rest are rates, times, bytes and L(n).
 TREE_ROW_NON_NEGATIVE: Final = ("rate_mbit", "tokens_per_round", "lap_ms", "draft_ms", "compute_ms", "ring_ms",
                                 "serialization_ms", "bytes_per_hop", "measured_tok_s", "predicted_tok_s")
-
-
-@dataclass(frozen=True)
-class SourcedTree:
-    """One tree sweep (`testbed sweep --tree-n ... --json`) and where it came from."""
-
-    source: str
-    result: TreeSweep
 
 
 def check_tree_row(row: TreeRow, source: str, where: str) -> None:
@@ -54,7 +46,7 @@ def check_tree_fit(item: TreeFit, source: str, where: str) -> None:
         check_number(getattr(item, key), source, f"{where}.{key}", positive=True, required=False)
 
 
-def parse_tree(data: dict, source: str) -> SourcedTree:
+def parse_tree(data: dict, source: str) -> Sourced[TreeSweep]:
     """A `testbed sweep --tree-n` JSON object -> a checked TreeSweep; field errors become ConfigError."""
     result = record_from(TreeSweep, data, source, "a tree sweep")
     check_text(result.scenario, source, "scenario")
@@ -74,7 +66,7 @@ def parse_tree(data: dict, source: str) -> SourcedTree:
         if (item.codec, item.rate_mbit) not in series:
             raise ConfigError(f"no tree_rows at {item.codec}, {rate_label(item.rate_mbit)} to fit", source=source,
                               key=f"fits[{i}]")
-    return SourcedTree(source, result)
+    return Sourced(source, result)
 
 
 def rate_label(rate_mbit: float) -> str:
@@ -104,7 +96,7 @@ def _w_star_text(item: TreeFit | None) -> str:
     return f"W* predicted {item.w_star_predicted:.0f}, measured {measured}"
 
 
-def _tree_rows(item: SourcedTree) -> list[str]:
+def _tree_rows(item: Sourced[TreeSweep]) -> list[str]:
     r = item.result
     lines = ["", f"{item.source}: {r.scenario}, {r.policy} policy, T_ring {r.t_ring_s * 1e3:.1f} ms, "
              f"shaper {r.shaper or DASH}.", "",
@@ -127,7 +119,7 @@ def _tree_rows(item: SourcedTree) -> list[str]:
     return lines
 
 
-def tree_markdown(trees: Sequence[SourcedTree]) -> list[str]:
+def tree_markdown(trees: Sequence[Sourced[TreeSweep]]) -> list[str]:
     """The tree speculation section's body: what is predicted, then a table per sweep."""
     lines = ["Per (codec, link rate, n): L(n) tokens per lap, the lap, the bytes per hop; predicted = "
              "physics.tree_rate, L(n) / (sum_i [l_i + n s_h / BW_i] + compute(n)) with the measured L(n) and "

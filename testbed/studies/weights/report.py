@@ -4,29 +4,23 @@ simulated beside its prediction and its bound, with the streams one path needs."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from testbed.scenario.validate import check_number, record_from
 from testbed.studies.weights.result import WeightsResult
+from testbed.studies.base import Sourced
 
 
-@dataclass(frozen=True)
-class SourcedWeights:
-    source: str
-    result: WeightsResult
-
-
-def parse(data: dict, source: str) -> SourcedWeights:
+def parse(data: dict, source: str) -> Sourced[WeightsResult]:
     result = record_from(WeightsResult, data, source, "a weights result")
     for i, row in enumerate(result.weights_rows):
         for key in ("ring_ready_s", "predicted_s", "bound_s"):
             check_number(getattr(row, key), source, f"weights_rows[{i}].{key}", positive=True)
         check_number(row.origin_bytes, source, f"weights_rows[{i}].origin_bytes", minimum=0.0)
     check_number(result.one_stream_slowdown, source, "one_stream_slowdown", minimum=1.0)
-    return SourcedWeights(source, result)
+    return Sourced(source, result)
 
 
-def markdown(items: Sequence[SourcedWeights]) -> list[str]:
+def markdown(items: Sequence[Sourced[WeightsResult]]) -> list[str]:
     lines = ["| distribution | placement | transport | strategy | ready s (simulated) | predicted s | err % | bound | "
              "bound s | origin copies | source |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []

@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from testbed.studies.whatif.measure import WhatifResult
 from testbed.scenario.validate import check_number, record_from
+from testbed.studies.base import Sourced
 
 
-@dataclass(frozen=True)
-class SourcedWhatif:
-    source: str
-    result: WhatifResult
-
-
-def parse(data: dict, source: str) -> SourcedWhatif:
+def parse(data: dict, source: str) -> Sourced[WhatifResult]:
     result = record_from(WhatifResult, data, source, "a whatif result")
     for key in ("predicted_tok_s", "ttft_predicted_s", "streams_predicted_tok_s"):
         check_number(getattr(result, key), source, key, positive=True)
     check_number(result.measured_tok_s, source, "measured_tok_s", minimum=0.0, required=False)
-    return SourcedWhatif(source, result)
+    return Sourced(source, result)
 
 
 def _cell(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
-def markdown(items: Sequence[SourcedWhatif]) -> list[str]:
+def markdown(items: Sequence[Sourced[WhatifResult]]) -> list[str]:
     lines = ["| deployment | decode tok/s pred / meas | err % | TTFT s pred / meas | speculative tok/s (K*) | "
              "streams tok/s | upgrade first | source |", "|---|---|---|---|---|---|---|---|"]
     for item in items:
