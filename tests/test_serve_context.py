@@ -95,3 +95,12 @@ def test_an_old_record_without_the_requested_lengths_still_reads():
     text = record.to_json().replace(', "requested_prompt_tokens": null', "").replace(
         ', "requested_output_tokens": null', "")
     assert "requested" not in text and RequestRecord.from_json(text) == record
+
+
+def test_a_run_without_a_workload_of_its_own_loads_for_its_endpoint():
+    """requests = 0 and no duration: the endpoint's requests only, each checked as it comes (HTTP 400)."""
+    from testbed import api
+
+    scenario = api.scenario("geo-ring", overrides=['decode.mode="serve"', "workload.requests=0",
+                                                   "workload.prompt_tokens=4000"])
+    assert scenario.decode.mode == "serve"

@@ -10,8 +10,12 @@ from testbed.core.decode import DecodeConfig, ModeInfo
 
 
 def check_context(decode: DecodeConfig, context: int, model: str) -> None:
-    """A fixed prompt or output length that cannot fit the model's context, refused where the scenario loads."""
-    check_fits(decode.settings(ServeSettings).workload(), context, model)
+    """A fixed prompt or output length that cannot fit the model's context, refused where the scenario loads (a run
+    with no workload of its own serves its endpoint's requests, which are checked one by one: HTTP 400)."""
+    settings = decode.settings(ServeSettings)
+    if settings.arrival != "trace" and not settings.requests and not settings.duration_s:
+        return
+    check_fits(settings.workload(), context, model)
 
 
 INFO = ModeInfo("serve", __name__, metric_kind="serve", min_stages=2, streams_as="serve", summary=ServeSummary,
