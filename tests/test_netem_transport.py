@@ -64,7 +64,7 @@ def guest_cost(shards, tmp_path_factory):
     return [node.seconds for node in done.nodes]
 
 
-@pytest.mark.parametrize("transport", ["tuned", "kernel"])
+@pytest.mark.parametrize("transport", ["kernel"])  # "tuned" on netem measured the same way (docs/studies/weights.md)
 def test_shards_cross_netem_links_at_their_closed_form(transport, shards, guest_cost, tmp_path):
     """Two nodes fetch 2 MiB each from an origin 20 and 40 ms away at 50 Mbit/s, with 4 range streams, at D = 4: the
     files arrive whole, and each node's time is its closed form's (handshakes included: netem delays them), never
