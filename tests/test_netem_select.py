@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from testbed.core.records import LinkSpec
@@ -122,9 +124,8 @@ def test_uml_prerequisites_name_the_missing_guest_tool_and_its_package(tmp_path)
     assert missing_guest_tools(str(tmp_path)) == {}
 
 
-@pytest.mark.fidelity
-def test_uml_runs_a_command_and_returns_its_status(tmp_path):
-    from netem.uml import run, uml_available
+def skip_unless_uml_can_boot() -> None:
+    from netem.uml import uml_available
 
     ok, reason = uml_available()
     if not ok:
@@ -132,6 +133,27 @@ def test_uml_runs_a_command_and_returns_its_status(tmp_path):
     with open("/proc/cpuinfo") as f:
         if "User Mode Linux" in f.read():
             pytest.skip("already inside user-mode-linux")
+
+
+def proc_stats() -> list[tuple[int, int, int, str]]:
+    """(pid, ppid, session, state) of every process, from /proc (no procps needed)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out.append((int(entry), int(fields[1]), int(fields[3]), fields[0]))
+    return out
+
+
+@pytest.mark.fidelity
+def test_uml_runs_a_command_and_returns_its_status(tmp_path):
+    from netem.uml import run
+
+    skip_unless_uml_can_boot()
     marker = tmp_path / "seen"
     status = run(["sh", "-c", f"grep -q sch_netem /proc/modules && touch {marker}; exit 3"], timeout_s=120)
     assert status == 3 and marker.exists()
@@ -146,14 +168,7 @@ def test_uml_stopped_by_sigterm_takes_its_guest_with_it(tmp_path):
     import sys
     import time
 
-    from netem.uml import uml_available
-
-    ok, reason = uml_available()
-    if not ok:
-        pytest.skip(reason)
-    with open("/proc/cpuinfo") as f:
-        if "User Mode Linux" in f.read():
-            pytest.skip("already inside user-mode-linux")
+    skip_unless_uml_can_boot()
     started = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-m", "netem.uml", "--timeout", "120", "--", "sh", "-c",
                              f"touch {started}; sleep 100"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,12 +176,11 @@ def test_uml_stopped_by_sigterm_takes_its_guest_with_it(tmp_path):
     while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert started.exists(), "the guest never ran its command"
-    uml = int(subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
-                             text=True).stdout.split()[0])  # UML leads a session of its own: its guest is in it
+    # UML leads a session of its own (its pid): its guest's processes are in it
+    uml = next(pid for pid, ppid, _, _ in proc_stats() if ppid == proc.pid)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    table = subprocess.run(["ps", "-eo", "sid=,stat=,pid="], capture_output=True, text=True).stdout.split("\n")
-    alive = [row for row in table if row.split()[:1] == [str(uml)] and not row.split()[1].startswith("Z")]
+    alive = [(pid, state) for pid, _, session, state in proc_stats() if session == uml and state != "Z"]
     assert not alive, f"UML's session {uml} outlived netem.uml: {alive}"
 
 
