@@ -1,7 +1,8 @@
 """The search study: the best deployment of a model from the machines and regions a user has (issue 53). Every
-candidate (which machines, the ring order, the layer split, speculation) scored by the closed forms, memory-infeasible
-ones refused with the reason, the winner and runner-ups with their breakdown, the Pareto frontier against $/h, and the
-best few run on virtual time beside their predictions."""
+candidate (which machines, the ring order, the layer split, speculation, the codec, KV local or shipped, TP inside a
+region, the batch cap) scored by the closed forms, memory-infeasible ones refused with the reason, the winner and
+runner-ups with their breakdown, the Pareto frontier against $/h, and the best few run on virtual time beside their
+predictions."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def show(result: measure.SearchResult, args: argparse.Namespace, console) -> Non
 # No bench row: the search's own figure is its scored count and time, and its confirmation is whatif's decode row
 # (testbed bench runs that one).
 STUDY = Study("search", "the best deployment from the machines and regions you have: every candidate (machines, ring "
-                        "order, layer split, speculation) by the closed forms, the Pareto frontier against $/h, the "
+                        "order, layer split, speculation, codec, KV, TP, batch cap) by the closed forms, the Pareto frontier against $/h, the "
                         "best run on virtual time", add_options, measure.run, show, scenario=False,
               report=ReportPart("pareto", "Search", "searches", figures.parse, figures.markdown,
                                 (Figure("fig12_search_pareto.png", results_of(figures.plot_pareto)),)))

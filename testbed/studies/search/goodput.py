@@ -68,30 +68,34 @@ class GoodputCheck(JsonRecord):
 
 
 def kv_cap(space: Space, c: Candidate, w: Workload) -> int:
-    """Requests whose KV (prompt and output positions) the stage with the least room beside its weights holds."""
-    spec, per_request = space.spec, w.prompt_tokens + w.output_tokens
-    room = []
-    for i, (g, layers) in enumerate(zip(c.stages, c.layers)):
-        free = spec.machines[g].memory_bytes * spec.memory_fraction - space.fixed_bytes(g, i == 0, False) \
-            - layers * space.layer_bytes
-        room.append(int(free // (space.kv_layer_bytes * layers * per_request)))
+    """Requests whose KV (prompt and output positions) the stage with the least room beside its weights holds (a
+    TP group: its machines' room together)."""
+    per_request = w.prompt_tokens + w.output_tokens
+    room = [int((space.room(g, i == 0, False, r) - layers * space.layer_bytes)
+                // (space.kv_layer_bytes * layers * per_request))
+            for i, (g, layers, r) in enumerate(zip(c.stages, c.layers, c.boxes))]
     return max(1, min(room))
 
 
 def ring_model(space: Space, c: Candidate, w: Workload) -> RingModel:
-    """The candidate's RingModel (the module's notes): C, P, T_ring, the cap and the solo TTFT."""
+    """The candidate's RingModel (the module's notes): C, P, T_ring, the cap and the solo TTFT; a TP group's passes
+    with its all-reduces, every hop's frames under the candidate's codec and KV."""
     context = w.prompt_tokens + w.output_tokens / 2
-    roofs = [space._roofline(g, layers, i == 0) for i, (g, layers) in enumerate(zip(c.stages, c.layers))]
+    parts = list(zip(c.stages, c.layers, c.boxes))
+    roofs = [space._roofline(g, layers, i == 0, r) for i, (g, layers, r) in enumerate(parts)]
+
+    def pass_s(n: int, b: int, at: float) -> float:
+        return sum(roof.seconds(n, b, at) + space.allreduce_s(r, layers, n * b)
+                   for roof, (_, layers, r) in zip(roofs, parts))
+
     hops = sum(space.hops_s(c.stages))
-    n = len(c.stages)
 
     def ttft_s(prompt: int) -> float:
-        return sum(r.seconds(prompt, 1, prompt) for r in roofs) + hops + sum(space.serialization_s(n, prompt))
+        return pass_s(prompt, 1, prompt) + hops + sum(space.hop_s(c.layers, prompt, c.wire))
 
-    return RingModel(compute_s=sum(r.seconds(1, 1, context) for r in roofs),
-                     per_token_s=sum(r.seconds(1, 2, context) - r.seconds(1, 1, context) for r in roofs),
-                     t_ring_s=hops + sum(space.serialization_s(n, 1)), cap=min(w.streams, kv_cap(space, c, w)),
-                     ttft_s=ttft_s)
+    return RingModel(compute_s=pass_s(1, 1, context), per_token_s=pass_s(1, 2, context) - pass_s(1, 1, context),
+                     t_ring_s=hops + sum(space.hop_s(c.layers, 1, c.wire)),
+                     cap=c.cap or min(w.streams, kv_cap(space, c, w)), ttft_s=ttft_s)
 
 
 def workload_spec(w: Workload, rate: float, requests: int | None = None) -> WorkloadSpec:
@@ -146,15 +150,28 @@ def served(space: Space, s: Scored, w: Workload) -> Served:
 
 
 def ranked(space: Space, scored: list[Scored], pool: int = GOODPUT_POOL) -> list[Served]:
-    """The best `pool` plain candidates by single-stream rate, each given its goodput, best objective first (goodput,
-    or goodput per $/h); ties to the cheaper, then the faster for one stream."""
+    """The best `pool` plain candidates by single-stream rate, each given its goodput (at each cap of a [workload]
+    streams list whose KV fits: a cap that does not is refused, counted in space.refused), best objective first
+    (goodput, or goodput per $/h); ties to the cheaper, then the faster for one stream."""
     spec = space.spec
-    assert spec.workload is not None
+    w = spec.workload
+    assert w is not None
     plain = sorted((s for s in scored if s.candidate.mode == "off"), key=lambda s: -s.tok_s)[:pool]
-    out = [served(space, s, spec.workload) for s in plain]
+    out = []
+    for s in plain:
+        if not w.caps:
+            out.append(served(space, s, w))
+            continue
+        holds = kv_cap(space, s.candidate, w)
+        for cap in w.caps:
+            if cap > holds:
+                space.refused[f"workload.streams {cap}: the KV of {cap} requests of {w.prompt_tokens + w.output_tokens}"
+                              f" positions does not fit beside the weights"] += 1
+                continue
+            out.append(served(space, replace(s, candidate=replace(s.candidate, cap=cap)), w))
     per_dollar = spec.objective.endswith("_per_dollar")
     out.sort(key=lambda v: (-(v.goodput_req_s / v.scored.cost_hour if per_dollar else v.goodput_req_s),
-                            v.scored.cost_hour, -v.scored.tok_s))
+                            v.scored.cost_hour, -v.scored.tok_s, v.scored.candidate.cap))
     return out
 
 
@@ -164,7 +181,8 @@ def objective_of(v: Served, per_dollar: bool) -> float:
 
 def described(w: Workload) -> str:
     return (f"{w.arrival} arrivals, prompt {w.prompt_tokens}, output {w.output_tokens} tokens, SLO {w.goodput} at "
-            f"p{w.attainment}, {w.streams} streams at most, a run of {w.requests} requests")
+            f"p{w.attainment}, " + (f"caps {'/'.join(map(str, w.caps))} streams searched" if w.caps else
+                                    f"{w.streams} streams at most") + f", a run of {w.requests} requests")
 
 
 def ranking(space: Space, scored: list[Scored], per_dollar: bool
@@ -174,11 +192,16 @@ def ranking(space: Space, scored: list[Scored], per_dollar: bool
     start = time.perf_counter()
     out = ranked(space, scored)
     seconds = time.perf_counter() - start
-    assert space.spec.workload is not None
-    words = (f"{described(space.spec.workload)}; goodput of the best {len(out)} plain candidates by single-stream "
-             f"rate, {sum(v.predictions for v in out)} predictions in {seconds:.2f} s")
-    return ([replace(v.scored, objective=objective_of(v, per_dollar)) for v in out],
-            {v.scored.candidate: v.goodput_req_s for v in out}, words)
+    w = space.spec.workload
+    assert w is not None
+    plain = len({replace(v.scored.candidate, cap=0) for v in out})
+    words = (f"{described(w)}; goodput of the best {plain} plain candidates by single-stream rate"
+             + (f" ({len(out)} with a cap that fits)" if w.caps else "")
+             + f", {sum(v.predictions for v in out)} predictions in {seconds:.2f} s")
+    rates = {v.scored.candidate: v.goodput_req_s for v in out}
+    for v in reversed(out):  # a candidate without its cap (the baseline, a frontier point): its best cap's
+        rates[replace(v.scored.candidate, cap=0)] = v.goodput_req_s
+    return [replace(v.scored, objective=objective_of(v, per_dollar)) for v in out], rates, words
 
 
 async def confirm(spec: SearchSpec, space: Space, ranking_: list[Scored], args: argparse.Namespace,

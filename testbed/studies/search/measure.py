@@ -1,7 +1,8 @@
 """python -m testbed search FILE: the best deployment of a model from the machines and regions a user has.
 
 Every candidate the file allows (space.Space: which machines, the ring order of their regions, the layer split,
-speculation off / synchronous / overlapped at K*) is refused with its reason where it does not fit in memory, else
+speculation off / synchronous / overlapped at K*, the codec, KV local or shipped, TP groups inside a region; and
+goodput.ranked's batch caps) is refused with its reason where it does not fit in memory, else
 scored by the closed forms; the best are printed with where a round's time goes, the Pareto frontier of rate
 against $/h beside them, and the top few are built as scenarios (one stage per machine, its roofline of its layers
 on its devices, the hops from the region matrix; whatif --measure's way) and run on virtual time, measured next to
@@ -29,6 +30,7 @@ from testbed.studies.search.spec import PER_DOLLAR, SERVING, SearchSpec, load_sp
 
 TOP = 5  # candidates printed
 CONFIRM = 3  # candidates run on virtual time
+DEFAULT_SETTINGS = "f32, KV local, PP"  # a candidate's wire, KV and parallelism where none is searched
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,22 @@ class CandidateRow(JsonRecord):
     queue_free: bool = True
     goodput_req_s: float | None = None  # the goodput objectives: the highest rate the queueing model says meets
     # the SLO (None: not served, as a speculating candidate or one outside the pool)
+    codec: str = "f32"  # the hidden states' codec on every hop
+    kv: str = "local"  # "ship": each stage's new K and V travel on its hop too
+    ranks: tuple[int, ...] = ()  # machines a stage (a TP group where > 1); (): one each
+    cap: int = 0  # the goodput objectives: the streams cap served at (0: not served)
+    codec_ms: float = 0.0  # the codec's encode and decode on every hop, a round
 
     @property
     def decode(self) -> str:
         return {"off": "plain", "sync": f"spec K {self.k}", "async": f"overlap K {self.k} W {self.window}"}[self.mode]
+
+    @property
+    def settings(self) -> str:
+        """The wire, the KV, the parallelism and the cap, in words ("int8-block, KV local, TP 2x h100-va, cap 16")."""
+        groups = [f"{n}x {name}" for n, name in zip(self.ranks, self.machines) if n > 1]
+        return (f"{self.codec}, KV {self.kv}" + (f", TP {' + '.join(groups)}" if groups else ", PP")
+                + (f", cap {self.cap}" if self.cap else ""))
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,7 @@ class SearchResult(JsonRecord):
     published: PublishedCase | None = None  # [published]: the measured deployment beside the search's split
     workload: str = ""  # the goodput objectives: the [workload] served and its SLO, in words
     goodput_check: goodput.GoodputCheck | None = None  # --confirm under a goodput objective
+    dims: str = ""  # the codecs, KV placements and parallelism searched, in words
 
     @property
     def per_second(self) -> float:
@@ -160,25 +175,27 @@ def row(space: Space, s: Scored, rank: int, goodput_req_s: float | None = None) 
     spec, c = space.spec, s.candidate
     r = space.round_of(c)
     parts = {"compute": r.compute_s, "propagation": r.propagation_s, "serialization": r.serialization_s,
-             "draft": r.draft_s}
+             "draft": r.draft_s, "codec": r.codec_s}
     top = max(parts, key=lambda p: parts[p])
     total = sum(parts.values())
     machines = [spec.machines[g] for g in c.stages]
     if top == "compute":
-        slow = machines[r.slowest_stage]
-        words = (f"compute {top_share(parts, top, total)}: stage {r.slowest_stage} {slow.name} "
+        slow = space.stage_name(c.stages[r.slowest_stage], c.boxes[r.slowest_stage])
+        words = (f"compute {top_share(parts, top, total)}: stage {r.slowest_stage} {slow} "
                  f"({c.layers[r.slowest_stage]} layers) {r.slowest_stage_s * 1e3:.1f} ms")
     elif top == "propagation":
         a, b = machines[r.longest_hop].region, machines[(r.longest_hop + 1) % len(machines)].region
         words = f"links {top_share(parts, top, total)}: {a} -> {b} {r.longest_hop_s * 1e3:.1f} ms"
     elif top == "serialization":
-        words = f"link bandwidth {top_share(parts, top, total)}"
+        words = f"link bandwidth {top_share(parts, top, total)}" + (" (shipped KV)" if c.kv == "ship" else "")
+    elif top == "codec":
+        words = f"codec {top_share(parts, top, total)}: {c.codec} encode and decode"
     else:
         words = f"draft {top_share(parts, top, total)}: K {c.k} x c_d"
     return CandidateRow(rank, ring_text(spec, c), tuple(m.name for m in machines), tuple(m.region for m in machines),
                         c.layers, c.split, c.mode, c.k, c.window, s.tok_s, s.cost_hour, s.objective,
                         r.compute_s * 1e3, r.propagation_s * 1e3, r.serialization_s * 1e3, r.draft_s * 1e3, r.tokens,
-                        words, r.queue_free, goodput_req_s)
+                        words, r.queue_free, goodput_req_s, c.codec, c.kv, c.boxes, c.cap, r.codec_s * 1e3)
 
 
 def top_share(parts: dict[str, float], key: str, total: float) -> str:
@@ -186,8 +203,11 @@ def top_share(parts: dict[str, float], key: str, total: float) -> str:
 
 
 def baseline(space: Space, scored: Sequence[Scored]) -> Scored | None:
-    """The best even split with plain decode on the fewest regions that hold the model (co-located first)."""
-    even = [s for s in scored if s.candidate.split == "even" and s.candidate.mode == "off"]
+    """The best even split with plain decode on the fewest regions that hold the model (co-located first): a stage
+    a machine, KV local, the file's first codec."""
+    first = space.spec.dims.codecs[0]
+    even = [s for s in scored if s.candidate.split == "even" and s.candidate.mode == "off" and not s.candidate.ranks
+            and s.candidate.kv == "local" and s.candidate.codec == space.same_bytes.get(first, first)]
     if not even:
         return None
     fewest = min(len(set(space.spec.machines[g].region for g in s.candidate.stages)) for s in even)
@@ -229,6 +249,10 @@ def searched(spec: SearchSpec, top: int = TOP) -> tuple[SearchResult, Space, lis
     ranking, rates, words = scored, dict[Candidate, float](), ""
     if spec.objective in SERVING:
         ranking, rates, words = goodput.ranking(space, scored, spec.objective in PER_DOLLAR)
+        if not ranking:
+            raise ConfigError("no candidate holds the KV of any cap of workload.streams: "
+                              + "; ".join(space.refused), source=spec.source, key="workload.streams")
+        refusals = tuple(Refusal(why, n) for why, n in space.refused.most_common())  # with the caps refused
     case = replace(published_case(space), winner=row(space, scored[0], 1)) if spec.published is not None else None
     result = SearchResult(
         search=spec.source, model=spec.model.name, objective=spec.objective, alpha=spec.alpha, scored=len(scored),
@@ -237,8 +261,20 @@ def searched(spec: SearchSpec, top: int = TOP) -> tuple[SearchResult, Space, lis
         top=tuple(row(space, s, i + 1, rates.get(s.candidate)) for i, s in enumerate(ranking[:top])),
         baseline=row(space, base, 0, rates.get(base.candidate)) if base is not None else None,
         pareto=tuple(row(space, s, 0, rates.get(s.candidate)) for s in pareto(scored)), by_cost=tuple(by_cost(scored, space)),
-        published=case, workload=words)
+        published=case, workload=words, dims=dims_text(space))
     return result, space, ranking
+
+
+def dims_text(space: Space) -> str:
+    """The wire, KV and parallelism searched, in words (a codec scored as another that gives its bytes said so)."""
+    d = space.spec.dims
+    same = "".join(f" ({a} carries {b}'s bytes for {space.spec.model.dtype}: scored as {b})"
+                   for a, b in space.same_bytes.items())
+    return (f"codecs {', '.join(dict.fromkeys(c for c, _ in space.wires))}{same}"
+            + (f" (encode + decode at {d.codec_gb_s:g} GB/s)" if d.codec_gb_s else "")
+            + f"; KV {', '.join(d.kv)}; " + ("a stage a machine, and TP groups of a region's machines of a kind over "
+                                             f"a {d.lan_ms:g} ms / {d.lan_gbit_s:g} Gbit/s LAN" if d.tp
+                                             else "a stage a machine"))
 
 
 def published_case(space: Space) -> PublishedCase:
@@ -291,7 +327,8 @@ async def confirm(spec: SearchSpec, space: Space, scored: Sequence[Scored], n: i
     for rank, s in runs:
         c = s.candidate
         scenario = build(spec, c, space, f"search-{rank}")
-        decode = row(space, s, rank).decode
+        shown = row(space, s, rank)
+        decode = shown.decode + ("" if shown.settings == DEFAULT_SETTINGS else f" ({shown.settings})")
         log(f"confirming {f'#{rank}' if rank else 'the baseline'} on {shaper}: {ring_text(spec, c)}, {decode}, {spec.tokens} tokens...")
         summary = await run_scenario(scenario, shaper, log=lambda m: None, dilation=args.dilation,
                                      budget_s=args.budget_s / len(runs))
@@ -325,6 +362,7 @@ def run(args: argparse.Namespace, console: Console) -> SearchResult:
     log = log_to(console)
     log(f"scored {result.scored:,} candidates in {result.seconds:.2f} s ({result.per_second:,.0f} a second); "
         f"refused {result.refused:,} (memory), {result.duplicates:,} splits gave another's layers")
+    log(f"searched: {result.dims}")
     if args.confirm > 0 and spec.objective in SERVING:
         ensure_models_on(console)
         result = replace(result, goodput_check=trio.run(goodput.confirm, spec, space, scored, args, log))

@@ -21,8 +21,14 @@ side: a region entered twice would pay its way in and out twice), the layer spli
 - A published deployment ([published]): every machine of the file in the file's order, split `even` or `memory`
   (exo's: the cumulative memory shares cut the layers, each cut floored, the last machine to the end), plain decode;
   scored by the same closed forms as a candidate, beside the search's best split of that ring (Space.published).
-- TP across the machines of a region (an all-reduce over the region's network each layer) is not a dimension: the
-  catalogue has no intra-region link figure to price it (physics.tp_token_s would need one).
+- The wire (dims): each codec of [wire] codecs changes the bytes of every HIDDEN frame (the serialization term of
+  T_ring on a rated link) and costs its encode and decode (dims.codec_s); a codec that gives an earlier one's bytes
+  (f16 of a bf16 model is f32's) is scored once, as the earlier. KV `ship` (placement.kv) adds each stage's new K
+  and V (its layers' K and V of the block's positions, and a frame header) to its hop, as agents.process.ring does.
+- TP (placement.parallel "tp"): the machines of one kind in one region as one stage, a tensor-parallel group: its
+  roofline is its layers on all its devices, plus two ring all-reduces a layer over the [lan] link (dims.allreduce_s,
+  physics.tp_token_s in closed form); it holds its layers' weights and KV split over its machines, the entry's
+  extras on each. A PP hop between two machines of a region keeps the matrix's diagonal (0 ms) at rate_mbit.
 """
 
 from __future__ import annotations
@@ -32,68 +38,18 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 
 from testbed.core import physics
 from testbed.core.roofline import Roofline
 from testbed.deploy.rules import StageShare, resident_bytes, stage_roofline
+from testbed.studies.search import published
+from testbed.studies.search.candidate import Candidate, Frames, Round, Scored  # noqa: F401 - re-exported
+from testbed.studies.search.dims import allreduce_s, codec_s
 from testbed.studies.search.spec import SearchSpec
-from testbed.studies.search.split import water_fill
+from testbed.studies.search.split import SPLITS, water_fill
 
-SPLITS = ("even", "balanced", "greedy")
 K_MAX = 32  # the largest K searched for K* (studies.whatif.predict.K_MAX)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One deployment: a machine kind per stage in ring order, each stage's layers, and how it decodes."""
-
-    stages: tuple[int, ...]  # index into SearchSpec.machines, ring order (stage 0 is the entry)
-    layers: tuple[int, ...]
-    split: str
-    mode: str  # "off", "sync", "async"
-    k: int = 0
-    window: int = 0
-
-
-@dataclass(frozen=True)
-class Scored:
-    """A candidate and its closed-form figures."""
-
-    candidate: Candidate
-    tok_s: float
-    cost_hour: float
-    objective: float
-
-
-@dataclass(frozen=True)
-class Round:
-    """Where one round's time goes (a plain token's lap, or a speculation round), seconds."""
-
-    compute_s: float  # the stages' passes (the verification block's, for speculation)
-    propagation_s: float  # T_ring
-    serialization_s: float
-    draft_s: float  # K c_d
-    tokens: float  # tokens the round yields (Gamma; 1 for plain)
-    slowest_stage: int
-    slowest_stage_s: float
-    longest_hop: int
-    longest_hop_s: float
-    queue_free: bool = True  # overlap: every stage's work for a round fits in (K + 1) c_d
-
-
-class Frames:
-    """Bytes of a HIDDEN frame of n positions on ring hop i: header, a stamp per stage passed, the payload (from
-    one scenario of the model: studies.whatif.predict.frame_bytes)."""
-
-    def __init__(self, scenario) -> None:
-        from testbed.studies.whatif import predict
-
-        self._scenario = scenario
-        self._bytes = functools.cache(lambda hop, n: predict.frame_bytes(scenario, hop, n))
-
-    def __call__(self, hop: int, n_positions: int) -> int:
-        return self._bytes(hop, n_positions)
 
 
 class Space:
@@ -111,11 +67,22 @@ class Space:
         self.duplicates = 0  # a split that came out as an earlier split's layers: scored once, under the earlier
         self._roofline = functools.cache(self._roofline_uncached)
         self._draft = functools.cache(self._draft_uncached)
+        self._hidden = functools.cache(self._hidden_uncached)
+        self.same_bytes: dict[str, str] = {}  # a codec that carries an earlier one's bytes -> that one
+        codecs: list[str] = []
+        for codec in spec.dims.codecs:
+            same = next((c for c in codecs if frames is not None and all(
+                frames(0, n, c) == frames(0, n, codec) for n in (1, K_MAX + 1))), None)
+            if same is None:
+                codecs.append(codec)
+            else:
+                self.same_bytes[codec] = same
+        self.wires = tuple((codec, kv) for codec in codecs for kv in spec.dims.kv)  # (codec, kv) of every candidate
 
     # --- the pieces -------------------------------------------------------------------------------------------
-    def _roofline_uncached(self, kind: int, layers: int, head: bool) -> Roofline:
+    def _roofline_uncached(self, kind: int, layers: int, head: bool, ranks: int = 1) -> Roofline:
         machine = self.spec.machines[kind]
-        return stage_roofline(self.spec.model, StageShare(layers, head), machine.hardware, machine.devices)
+        return stage_roofline(self.spec.model, StageShare(layers, head), machine.hardware, machine.devices * ranks)
 
     def _draft_uncached(self, kind: int) -> tuple[float, float]:
         """The draft whole on the entry machine: (c_d at the decode's context, the bytes it keeps resident)."""
@@ -141,19 +108,34 @@ class Space:
         """A layer's weights (every expert) and its KV for the stated context."""
         return self.layer_bytes + self.kv_layer_bytes * self.spec.context
 
-    def capacity(self, kind: int, entry: bool, with_draft: bool) -> int:
-        """The most layers a stage of this machine holds (weights, KV for the context, the entry's extras)."""
-        room = self.spec.machines[kind].memory_bytes * self.spec.memory_fraction \
-            - self.fixed_bytes(kind, entry, with_draft)
-        return max(0, int(room // self.per_layer_bytes()))
+    def room(self, kind: int, entry: bool, with_draft: bool, ranks: int = 1) -> float:
+        """Bytes a stage of `ranks` such machines has for its layers: each machine's share of memory_fraction less
+        the entry's extras (on every machine of a TP group)."""
+        return ranks * (self.spec.machines[kind].memory_bytes * self.spec.memory_fraction
+                        - self.fixed_bytes(kind, entry, with_draft))
 
-    def layer_s(self, kind: int) -> float:
-        """One layer's decode pass on the machine at the decode's context (the split's weight)."""
-        return self._roofline(kind, 1, False).seconds(1, 1, self.spec.decode_context)
+    def capacity(self, kind: int, entry: bool, with_draft: bool, ranks: int = 1) -> int:
+        """The most layers a stage of this machine (a TP group of `ranks`) holds: weights, KV for the context, the
+        entry's extras."""
+        return max(0, int(self.room(kind, entry, with_draft, ranks) // self.per_layer_bytes()))
+
+    def layer_s(self, kind: int, ranks: int = 1) -> float:
+        """One layer's decode pass on the machine (a TP group: and its all-reduces) at the decode's context."""
+        return self._roofline(kind, 1, False, ranks).seconds(1, 1, self.spec.decode_context) \
+            + self.allreduce_s(ranks, 1, 1)
+
+    def allreduce_s(self, ranks: int, layers: int, positions: int) -> float:
+        m = self.spec.model
+        return allreduce_s(ranks, layers, positions, m.bytes_per_value, m.d_model, self.spec.dims)
+
+    def stage_name(self, kind: int, ranks: int = 1) -> str:
+        name = self.spec.machines[kind].name
+        return f"{ranks}x {name} (TP)" if ranks > 1 else name
 
     # --- enumeration ------------------------------------------------------------------------------------------
-    def placements(self) -> Iterator[tuple[int, ...]]:
-        """Every ring of machines the constraints allow, as a machine kind per stage (see the module's notes)."""
+    def placements(self) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Every ring of machines the constraints allow, as (a machine kind a stage, machines a stage): see the
+        module's notes."""
         spec = self.spec
         machines = spec.machines
         for counts in itertools.product(*(range(m.count + 1) for m in machines)):
@@ -166,27 +148,39 @@ class Space:
             if spec.head_region and spec.head_region not in used:
                 self.excluded[f"no machine in constraints.head_region {spec.head_region!r}"] += 1
                 continue
-            blocks = {r: sorted((g for g, n in enumerate(counts) if n and machines[g].region == r
-                                 for _ in range(n)), key=lambda g: (-machines[g].memory_bytes, g)) for r in used}
+            blocks = {r: self.groupings(sorted((g for g, n in enumerate(counts) if n and machines[g].region == r
+                                                for _ in range(n)), key=lambda g: (-machines[g].memory_bytes, g)))
+                      for r in used}
             if spec.head_region:
                 rest = [r for r in used if r != spec.head_region]
                 orders = ([spec.head_region, *p] for p in itertools.permutations(rest))
             else:
                 orders = (list(p) for p in itertools.permutations(used))
             for order in orders:
-                yield tuple(g for r in order for g in blocks[r])
+                for ways in itertools.product(*(blocks[r] for r in order)):
+                    ring = [stage for way in ways for stage in way]
+                    yield tuple(g for g, _ in ring), tuple(n for _, n in ring)
 
-    def split(self, stages: tuple[int, ...], how: str, with_draft: bool) -> tuple[tuple[int, ...] | None, str]:
+    def groupings(self, block: list[int]) -> list[list[tuple[int, int]]]:
+        """A region's machines as stages, (kind, machines) each: one a stage, and with placement.parallel "tp" also
+        every run of two or more of a kind as one TP group."""
+        runs = [(g, len(list(same))) for g, same in itertools.groupby(block)]
+        options = [[[(g, 1)] * n] + ([[(g, n)]] if self.spec.dims.tp and n > 1 else []) for g, n in runs]
+        return [[stage for part in combo for stage in part] for combo in itertools.product(*options)]
+
+    def split(self, stages: tuple[int, ...], how: str, with_draft: bool, ranks: tuple[int, ...] = ()
+              ) -> tuple[tuple[int, ...] | None, str]:
         """Each stage's layers under split `how`, or (None, the reason) where memory does not allow it."""
         total = self.spec.model.layers
         n = len(stages)
-        caps = [self.capacity(g, i == 0, with_draft) for i, g in enumerate(stages)]
+        ranks = ranks or (1,) * n
+        caps = [self.capacity(g, i == 0, with_draft, r) for i, (g, r) in enumerate(zip(stages, ranks))]
         if n > total:
             return None, f"{n} stages but {self.spec.model.name} has {total} layers"
         if sum(caps) < total or min(caps) < 1:
             worst = min(range(n), key=lambda i: caps[i])
             if min(caps) < 1:
-                return None, (f"{self.spec.machines[stages[worst]].name} cannot hold one layer"
+                return None, (f"{self.stage_name(stages[worst], ranks[worst])} cannot hold one layer"
                               + (" beside the embedding, head and draft" if worst == 0 else ""))
             return None, (f"the machines taking part hold {sum(caps)} of {total} layers (weights + KV for "
                           f"{self.spec.context} positions" + (", the draft" if with_draft else "") + ")")
@@ -194,13 +188,13 @@ class Space:
             layers = [total // n + (1 if j < total % n else 0) for j in range(n)]
             over = [i for i in range(n) if layers[i] > caps[i]]
             if over:
-                i = over[0]
-                need = layers[i] * self.per_layer_bytes() + self.fixed_bytes(stages[i], i == 0, with_draft)
-                have = self.spec.machines[stages[i]].memory_bytes * self.spec.memory_fraction
-                return None, (f"even split: {layers[i]} layers on {self.spec.machines[stages[i]].name} need "
+                i, r = over[0], ranks[over[0]]
+                need = layers[i] * self.per_layer_bytes() + r * self.fixed_bytes(stages[i], i == 0, with_draft)
+                have = r * self.spec.machines[stages[i]].memory_bytes * self.spec.memory_fraction
+                return None, (f"even split: {layers[i]} layers on {self.stage_name(stages[i], r)} need "
                               f"{need / 1e9:.0f} GB, it has {have / 1e9:.0f} GB")
             return tuple(layers), ""
-        speed = [1.0 / self.layer_s(g) for g in stages]
+        speed = [1.0 / self.layer_s(g, r) for g, r in zip(stages, ranks)]
         if how == "balanced":
             return tuple(water_fill(total, speed, caps)), ""
         layers = [1] * n
@@ -212,42 +206,10 @@ class Space:
         return tuple(layers), ""
 
     def memory_split(self, stages: tuple[int, ...]) -> tuple[tuple[int, ...] | None, str]:
-        """exo's split: machine i's layers run from floor(L x its cumulative memory share before it) to the next
-        cut (the last to L), or (None, the reason) where a stage gets none or more than it holds."""
-        total = self.spec.model.layers
-        memory = [self.spec.machines[g].memory_bytes for g in stages]
-        cuts = [0]
-        for i in range(1, len(stages)):
-            cuts.append(int(total * sum(memory[:i]) / sum(memory)))
-        cuts.append(total)
-        layers = tuple(b - a for a, b in zip(cuts, cuts[1:]))
-        for i, g in enumerate(stages):
-            cap = self.capacity(g, i == 0, False)
-            if not 1 <= layers[i] <= cap:
-                return None, (f"memory split: {layers[i]} layers on {self.spec.machines[g].name}, which holds "
-                              f"{cap}")
-        return layers, ""
+        return published.memory_split(self, stages)
 
     def published(self) -> tuple[Scored, Scored]:
-        """The published deployment (every machine in the file's order, its split, plain decode) and the search's
-        best split (of SPLITS) of the same ring, by the closed forms; a ConfigError where either does not fit."""
-        from testbed.core.errors import ConfigError
-
-        spec = self.spec
-        assert spec.published is not None
-        stages = tuple(g for g, m in enumerate(spec.machines) for _ in range(m.count))
-        how = spec.published.split
-        layers, why = self.memory_split(stages) if how == "memory" else self.split(stages, "even", False)
-        if layers is None:
-            raise ConfigError(f"the published {how} split does not fit: {why}", source=spec.source,
-                              key="published.split")
-        (theirs,) = self.score(stages, layers, how, ("off",))
-        mine = [self.score(stages, split_layers, split, ("off",))[0] for split in SPLITS
-                for split_layers in [self.split(stages, split, False)[0]] if split_layers is not None]
-        if not mine:
-            raise ConfigError("none of the search's splits of the published ring fits in memory", source=spec.source,
-                              key="published")
-        return theirs, max(mine, key=lambda s: s.tok_s)  # the first of equals: even before balanced before greedy
+        return published.published(self)
 
     # --- the closed forms ------------------------------------------------------------------------------------
     def hops_s(self, stages: tuple[int, ...]) -> list[float]:
@@ -257,72 +219,120 @@ class Space:
             return []
         return [self.spec.matrix.ms(regions[i], regions[(i + 1) % n]) / 1e3 for i in range(n)]
 
-    def serialization_s(self, n_stages: int, n_positions: int) -> list[float]:
-        if n_stages == 1 or math.isinf(self.rate_bytes_s):
-            return [0.0] * (n_stages if n_stages > 1 else 0)
-        return [self.frames(i, n_positions) / self.rate_bytes_s for i in range(n_stages)]
+    def hop_bytes(self, layers: tuple[int, ...], n_positions: int, wire: tuple[str, str] = ("f32", "local")
+                  ) -> list[int]:
+        """Each hop's bytes for a block of n positions: the HIDDEN frame under the codec, and with KV shipped the
+        sending stage's new K and V (a KV frame: its header, the block's positions on its layers)."""
+        codec, kv = wire
+        n = len(layers)
+        if n == 1:
+            return []
+        from agents.process.wire import HEADER
 
-    def stage_s(self, stages: tuple[int, ...], layers: tuple[int, ...], n_tok: int) -> list[float]:
+        return [self.frames(i, n_positions, codec) + (HEADER.size + n_positions * layers[i] * self.kv_layer_bytes
+                                                      if kv == "ship" else 0) for i in range(n)]
+
+    def serialization_s(self, layers: tuple[int, ...], n_positions: int, wire: tuple[str, str] = ("f32", "local")
+                        ) -> list[float]:
+        if math.isinf(self.rate_bytes_s):
+            return [0.0] * (len(layers) if len(layers) > 1 else 0)
+        return [b / self.rate_bytes_s for b in self.hop_bytes(layers, n_positions, wire)]
+
+    def codec_s(self, n_stages: int, n_positions: int, codec: str) -> list[float]:
+        each = codec_s(codec, n_positions, self.spec.model.d_model, self.spec.dims) if n_stages > 1 else 0.0
+        return [each] * (n_stages if n_stages > 1 else 0)
+
+    def stage_s(self, stages: tuple[int, ...], layers: tuple[int, ...], n_tok: int, ranks: tuple[int, ...] = ()
+                ) -> list[float]:
         context = self.spec.decode_context + n_tok - 1
-        return [self._roofline(g, l, i == 0).seconds(n_tok, 1, context)
-                for i, (g, l) in enumerate(zip(stages, layers))]
+        ranks = ranks or (1,) * len(stages)
+        return [self._roofline(g, l, i == 0, r).seconds(n_tok, 1, context) + self.allreduce_s(r, l, n_tok)
+                for i, (g, l, r) in enumerate(zip(stages, layers, ranks))]
+
+    def hop_s(self, layers: tuple[int, ...], n_tok: int, wire: tuple[str, str]) -> list[float]:
+        """Each hop's serialization and codec time for a block of n_tok positions (hop_bytes at the rate)."""
+        hidden = self._hidden(len(layers), n_tok, wire[0])
+        if wire[1] != "ship" or math.isinf(self.rate_bytes_s):
+            return list(hidden)
+        from agents.process.wire import HEADER
+
+        return [x + (HEADER.size + n_tok * l * self.kv_layer_bytes) / self.rate_bytes_s
+                for x, l in zip(hidden, layers)]
+
+    def _hidden_uncached(self, n_stages: int, n_tok: int, codec: str) -> tuple[float, ...]:
+        """Each hop's HIDDEN frame at the rate and the codec's time, without shipped KV (the same for every split)."""
+        layers = (1,) * n_stages
+        return tuple(a + b for a, b in zip(self.serialization_s(layers, n_tok, (codec, "local")),
+                                           self.codec_s(n_stages, n_tok, codec)))
 
     def round_of(self, c: Candidate) -> Round:
         """Where a round's time goes: a plain lap (K = 0), or K drafts and the verification of K + 1 positions."""
         n_tok = c.k + 1 if c.mode != "off" else 1
-        stage = self.stage_s(c.stages, c.layers, n_tok)
+        stage = self.stage_s(c.stages, c.layers, n_tok, c.boxes)
         hops = self.hops_s(c.stages)
-        ser = self.serialization_s(len(c.stages), n_tok)
+        ser = self.serialization_s(c.layers, n_tok, c.wire)
+        enc = self.codec_s(len(c.stages), n_tok, c.codec)
         cd = self.draft_s(c.stages) if c.mode != "off" else 0.0
         gamma = physics.gamma(self.spec.alpha, c.k) if c.mode != "off" else 1.0
-        service = [s + (ser[i] if ser else 0.0) for i, s in enumerate(stage)]
+        service = [s + (ser[i] + enc[i] if ser else 0.0) for i, s in enumerate(stage)]
         slow = max(range(len(stage)), key=lambda i: stage[i])
         far = max(range(len(hops)), key=lambda i: hops[i]) if hops else -1
-        return Round(sum(stage), sum(hops), sum(ser), c.k * cd, gamma, slow, stage[slow], far,
+        return Round(sum(stage), sum(hops), sum(ser), c.k * cd, sum(enc), gamma, slow, stage[slow], far,
                      hops[far] if hops else 0.0,
                      queue_free=c.mode != "async" or max(service) <= (c.k + 1) * cd)
 
-    def lap_s(self, stages: tuple[int, ...], layers: tuple[int, ...], n_tok: int) -> float:
-        return (sum(self.stage_s(stages, layers, n_tok)) + sum(self.hops_s(stages))
-                + sum(self.serialization_s(len(stages), n_tok)))
+    def lap_s(self, c: Candidate, n_tok: int) -> float:
+        return (sum(self.stage_s(c.stages, c.layers, n_tok, c.boxes)) + sum(self.hops_s(c.stages))
+                + sum(self.hop_s(c.layers, n_tok, c.wire)))
 
-    def cost_hour(self, stages: tuple[int, ...]) -> float:
-        return sum(self.spec.machines[g].price_hour for g in stages)
+    def cost_hour(self, stages: tuple[int, ...], ranks: tuple[int, ...] = ()) -> float:
+        return sum(self.spec.machines[g].price_hour * r for g, r in zip(stages, ranks or (1,) * len(stages)))
 
     def objective(self, tok_s: float, cost: float) -> float:
         return tok_s / cost if self.spec.objective == "tok_s_per_dollar" else tok_s
 
-    def score(self, stages: tuple[int, ...], layers: tuple[int, ...], split: str, modes: tuple[str, ...]
+    def score(self, stages: tuple[int, ...], layers: tuple[int, ...], split: str, modes: tuple[str, ...],
+              ranks: tuple[int, ...] = (), wires: tuple[tuple[str, str], ...] = (("f32", "local"),)
               ) -> list[Scored]:
-        """Every way this ring and split decodes (modes), at its K*: one Scored each."""
+        """Every way this ring and split decodes (modes) on every wire (codec, KV), at its K*: one Scored each. The
+        stages' passes are the same on every wire: computed once, each wire's hops added to them."""
+        base = Candidate(stages, layers, split, "off", ranks=ranks if any(r > 1 for r in ranks) else ())
+        cost = self.cost_hour(stages, ranks)
+        top = K_MAX + 1 if set(modes) - {"off"} else 1
+        passes = [[]] + [self.stage_s(stages, layers, n, base.boxes) for n in range(1, top + 1)]
+        ring = sum(self.hops_s(stages))
+        out: list[Scored] = []
+        for codec, kv in wires[:1] if len(stages) == 1 else wires:  # a ring of one stage has no hop to differ on
+            c = replace(base, codec=codec, kv=kv)
+            hops = [[]] + [self.hop_s(layers, n, c.wire) for n in range(1, top + 1)]
+            laps = [0.0] + [sum(passes[n]) + ring + sum(hops[n]) for n in range(1, top + 1)]
+            # a stage's work for a round of n positions: its pass and its hop's frame (overlap's queue-free check)
+            work = [0.0] + [max(s + x for s, x in zip(passes[n], hops[n] or [0.0] * len(stages)))
+                            for n in range(1, top + 1)]
+            out += [Scored(x, rate, cost, self.objective(rate, cost)) for x, rate in self.rates(c, modes, laps, work)]
+        return out
+
+    def rates(self, c: Candidate, modes: tuple[str, ...], laps: list[float], work: list[float]
+              ) -> list[tuple[Candidate, float]]:
+        """Each mode's candidate and rate from the laps of n = 1..K_MAX + 1 positions: plain 1 / lap, sync at K*,
+        async at each window's K* among the K whose rounds do not queue."""
         spec = self.spec
-        cost = self.cost_hour(stages)
         out = []
-        laps = [0.0] + [self.lap_s(stages, layers, n) for n in range(1, K_MAX + 2)] \
-            if set(modes) - {"off"} else [0.0, self.lap_s(stages, layers, 1)]
-
-        def add(c: Candidate, rate: float) -> None:
-            out.append(Scored(c, rate, cost, self.objective(rate, cost)))
-
         if "off" in modes:
-            add(Candidate(stages, layers, split, "off"), 1.0 / laps[1])
+            out.append((c, 1.0 / laps[1]))
         if set(modes) == {"off"}:
             return out
-        cd = self.draft_s(stages)
+        cd = self.draft_s(c.stages)
         a = spec.alpha
         gammas = [0.0] + [physics.gamma(a, k) for k in range(1, K_MAX + 1)]
         if "sync" in modes:
             k = max(range(1, K_MAX + 1), key=lambda k: (gammas[k] / (k * cd + laps[k + 1]), -k))
-            add(Candidate(stages, layers, split, "sync", k), gammas[k] / (k * cd + laps[k + 1]))
+            out.append((replace(c, mode="sync", k=k), gammas[k] / (k * cd + laps[k + 1])))
         if "async" in modes:
-            n = len(stages)
             # physics.overlap_run_s holds while every stage's work for a round (its pass over K + 1 positions and
             # its hop's frame) is under the draft's step (K + 1) c_d; past it rounds queue at that stage, and the
             # rounds a miss drops still hold it: such a K is not scored (where no K is, the window is refused)
-            fits = [False] + [max(s + x for s, x in zip(self.stage_s(stages, layers, k + 1),
-                                                        self.serialization_s(n, k + 1) or [0.0] * n))
-                              <= (k + 1) * cd for k in range(1, K_MAX + 1)]
-            free = [k for k in range(1, K_MAX + 1) if fits[k]]
+            free = [k for k in range(1, K_MAX + 1) if work[k + 1] <= (k + 1) * cd]
             best_overlap = 0.0
             for window in sorted(spec.windows):
                 if not free:
@@ -339,7 +349,7 @@ class Space:
                     self.duplicates += 1
                     continue
                 best_overlap = rate(k)
-                add(Candidate(stages, layers, split, "async", k, window), rate(k))
+                out.append((replace(c, mode="async", k=k, window=window), rate(k)))
         return out
 
     def search(self) -> list[Scored]:
@@ -347,14 +357,14 @@ class Space:
         spec = self.spec
         scored: list[Scored] = []
         spec_modes = tuple(m for m in spec.modes if m != "off")
-        for stages in self.placements():
+        for stages, ranks in self.placements():
             for with_draft, modes in ((False, ("off",) if "off" in spec.modes else ()), (True, spec_modes)):
                 if not modes:
                     continue
-                n_modes = len(modes) + (len(spec.windows) - 1 if "async" in modes else 0)
+                n_modes = (len(modes) + (len(spec.windows) - 1 if "async" in modes else 0)) * len(self.wires)
                 seen: set[tuple[int, ...]] = set()  # a split that gives another's layers is that candidate
                 for how in SPLITS:
-                    layers, why = self.split(stages, how, with_draft)
+                    layers, why = self.split(stages, how, with_draft, ranks)
                     if layers is None:
                         self.refused[why] += n_modes
                         continue
@@ -362,6 +372,6 @@ class Space:
                         self.duplicates += n_modes
                         continue
                     seen.add(layers)
-                    scored += self.score(stages, layers, how, modes)
+                    scored += self.score(stages, layers, how, modes, ranks, self.wires)
         scored.sort(key=lambda s: (-s.objective, s.cost_hour, len(s.candidate.stages)))
         return scored

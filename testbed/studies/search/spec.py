@@ -24,6 +24,10 @@ unless the file states its own.
 output_tokens, arrival (poisson, constant), the SLO (goodput = "ttft:MS tpot:MS"), attainment (50, 90 or 99: the
 percentile that must meet it), streams (the cap), requests (the run predicted) and seed.
 
+[wire] (codecs, block, codec_gb_s), [placement] (kv, parallel) and [lan] (one_way_ms, gbit_s) add the codec, KV
+local or shipped and TP groups inside a region as dimensions (testbed/studies/search/dims.py); a [workload] streams
+list makes the batch cap one.
+
 [published] names a deployment someone measured (../shared/PUBLISHED.md): every machine of the file, in the file's
 order (the first is the entry), split as the published system splits (`even`, or `memory`: exo's layers by memory
 share); the search prints it beside its own best split of the same ring, with the published figure where there is
@@ -41,6 +45,7 @@ from typing import Any
 from testbed.core.errors import ConfigError
 from testbed.deploy.catalog import HardwarePreset, ModelPreset, hardware_preset, model_preset, regions
 from testbed.scenario.validate import check_keys, number, string
+from testbed.studies.search.dims import Dims, dims_from_dict
 
 OBJECTIVES = ("tok_s", "tok_s_per_dollar", "goodput", "goodput_per_dollar")
 PER_DOLLAR = ("tok_s_per_dollar", "goodput_per_dollar")
@@ -48,10 +53,11 @@ SERVING = ("goodput", "goodput_per_dollar")  # objectives ranked by the serve mo
 MODES = ("off", "sync", "async")  # speculation: none, synchronous (K*), overlapped (K* at each window)
 MAX_MACHINES = 16  # machines in all (sum of counts): the ring's stages at most
 MAX_WINDOW = 64
+MAX_CAP = 4096  # [workload] streams: the largest batch cap
 EXAMPLES = ("example", "small")  # shipped input files, by name (testbed/studies/search/NAME.toml)
 
 TOP_KEYS = {"model", "objective", "prompt_tokens", "tokens", "context", "rate_mbit", "machines", "regions",
-            "speculation", "constraints", "published", "workload"}
+            "speculation", "constraints", "published", "workload", "wire", "placement", "lan"}
 MACHINE_KEYS = {"name", "hardware", "devices", "count", "region", "memory_gb", "price_hour"}
 SPEC_KEYS = {"draft", "alpha", "guess", "windows", "modes"}
 CONSTRAINT_KEYS = {"max_regions", "head_region", "memory_fraction"}
@@ -115,6 +121,7 @@ class Workload:
     goodput: str = ""  # vLLM's --goodput targets: "ttft:MS tpot:MS" (the serve mode's [workload].goodput)
     attainment: int = 90  # percent: the stated percentile of TTFT and of TPOT must meet the targets
     streams: int = 64  # requests in the ring at once at most (decode.streams of the serve run)
+    caps: tuple[int, ...] = ()  # streams = [a list]: each cap a candidate, refused where its KV does not fit
     requests: int = 1000  # the run the prediction is of (a finite run's waiting tail depends on its length)
     seed: int = 0
 
@@ -142,6 +149,7 @@ class SearchSpec:
     memory_fraction: float = 1.0  # of each machine's memory the weights, KV and draft may use
     published: Published | None = None  # a published deployment of these machines, to set beside the search's
     workload: Workload | None = None  # [workload]: what the goodput objectives serve
+    dims: Dims = Dims()  # [wire], [placement], [lan]: codecs, KV local or shipped, TP groups and their LAN
 
     @property
     def decode_context(self) -> float:
@@ -213,7 +221,8 @@ def spec_from_dict(raw: dict, source: str = "<dict>") -> SearchSpec:
         max_regions=number(limits, "max_regions", 0, source, "constraints", integer=True, maximum=64),
         head_region=head,
         memory_fraction=number(limits, "memory_fraction", 1.0, source, "constraints", minimum=0.01, maximum=1.0),
-        published=_published(raw, source), workload=_workload(raw, objective, model, source))
+        published=_published(raw, source), workload=_workload(raw, objective, model, source),
+        dims=dims_from_dict(raw, source))
 
 
 def _published(raw: dict, source: str) -> Published | None:
@@ -250,6 +259,8 @@ def _workload(raw: dict, objective: str, model: ModelPreset, source: str) -> Wor
         raise ConfigError(f"the objective {objective} needs SLO targets: goodput = \"ttft:MS tpot:MS\"",
                           source=source, key="workload.goodput")
     attainment = number(table, "attainment", 90, source, "workload", integer=True, maximum=100)
+    caps = tuple(sorted(set(_ints(table["streams"], source, "workload.streams", 1, MAX_CAP)))) \
+        if isinstance(table.get("streams"), list) else ()
     if attainment not in ATTAINMENTS:
         raise ConfigError(f"expected one of {', '.join(map(str, ATTAINMENTS))} (the percentiles the queueing model "
                           f"predicts), got {attainment}", source=source, key="workload.attainment")
@@ -259,8 +270,9 @@ def _workload(raw: dict, objective: str, model: ModelPreset, source: str) -> Wor
         output_tokens=number(table, "output_tokens", 128, source, "workload", minimum=1, integer=True,
                              maximum=model.context),
         arrival=string(table, "arrival", "poisson", source, "workload", ARRIVALS), goodput=goodput,
-        attainment=attainment, streams=number(table, "streams", 64, source, "workload", minimum=1, integer=True,
-                                              maximum=4096),
+        attainment=attainment, streams=max(caps) if caps else number(table, "streams", 64, source, "workload",
+                                                                     minimum=1, integer=True, maximum=MAX_CAP),
+        caps=caps,
         requests=number(table, "requests", 1000, source, "workload", minimum=10, integer=True, maximum=100_000),
         seed=number(table, "seed", 0, source, "workload", integer=True, maximum=2**31))
 

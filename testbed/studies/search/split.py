@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+SPLITS = ("even", "balanced", "greedy")
+
 
 def water_fill(total: int, weight: list[float], caps: list[int]) -> list[int]:
     """`total` layers in proportion to `weight`, none above its cap and each at least one: the capped shares fixed,

@@ -18,16 +18,17 @@ from testbed.studies.search.spec import PER_DOLLAR, SERVING
 def candidates_table(title: str, rows: Sequence[CandidateRow], objective: str) -> Table:
     out = Table(title=title)
     serving, per_dollar = objective in SERVING, objective in PER_DOLLAR
-    for col in ("#", "ring (entry first)", "layers", "split", "decode", "tok/s",
+    for col in ("#", "ring (entry first)", "layers", "split", "decode", "wire, KV, parallel", "tok/s",
                 *(("goodput req/s",) if serving else ()), "$/h",
                 *((f"{'req/s' if serving else 'tok/s'} per $/h",) if per_dollar else ()),
                 "compute ms", "links ms", "draft ms", "tok/round", "bottleneck"):
         out.add_column(col, justify="right")
     for r in rows:
         out.add_row(str(r.rank) if r.rank else "", f"{r.ring}", "/".join(map(str, r.layers)), r.split, r.decode,
-                    f"{r.tok_s:.2f}", *((goodput_cell(r),) if serving else ()), f"{r.cost_hour:.2f}",
+                    r.settings, f"{r.tok_s:.2f}", *((goodput_cell(r),) if serving else ()), f"{r.cost_hour:.2f}",
                     *((f"{r.objective:.3f}",) if per_dollar else ()),
-                    f"{r.compute_ms:.1f}", f"{r.propagation_ms + r.serialization_ms:.1f}", f"{r.draft_ms:.1f}",
+                    f"{r.compute_ms:.1f}", f"{r.propagation_ms + r.serialization_ms + r.codec_ms:.1f}",
+                    f"{r.draft_ms:.1f}",
                     f"{r.tokens_per_round:.2f}", r.bottleneck + ("" if r.queue_free else " (queues)"))
     return out
 
@@ -126,10 +127,11 @@ def show(result: SearchResult, args: argparse.Namespace, console: Console) -> No
     log = log_to(console)
     winner = result.top[0]
     if result.workload:
-        log(f"served: {result.workload}; winner {winner.ring}: goodput {winner.goodput_req_s:.3g} req/s "
-            f"({winner.tok_s:.2f} tok/s for one stream)")
+        log(f"served: {result.workload}; winner {winner.ring} ({winner.settings}): goodput "
+            f"{winner.goodput_req_s:.3g} req/s ({winner.tok_s:.2f} tok/s for one stream)")
     if result.baseline is not None:
-        log(f"winner {winner.ring} ({winner.split}, {winner.decode}): {winner.tok_s:.2f} tok/s at ${winner.cost_hour:.2f}"
+        log(f"winner {winner.ring} ({winner.split}, {winner.decode}, {winner.settings}): {winner.tok_s:.2f} tok/s at "
+            f"${winner.cost_hour:.2f}"
             f"/h, {winner.tok_s / result.baseline.tok_s:.2f}x the best even-split co-located-first configuration "
             f"({result.baseline.ring}: {result.baseline.tok_s:.2f} tok/s at ${result.baseline.cost_hour:.2f}/h)")
     if result.confirmations:
