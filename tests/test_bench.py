@@ -111,3 +111,66 @@ def test_the_quick_bench_runs_the_first_figures_only_and_the_full_bench_every_se
                       "scale_table", "virtual_scale_table", "soak_line", "studies_table"]
     assert [(rows, only) for _, rows, _, only in ran] == [(measure.TABLE2_ROWS, None)] * 2
     assert {f["variant"] for f in figures["fidelity"] if f["shaper"] == "userspace"} == {"D=1", "auto", "auto+comp"}
+
+
+def _transport_result():
+    from testbed.studies.transport.result import BackendFigures, TransferRow, TransportResult
+
+    def row(delay, size, predicted, measured, limited="", draws=(), model=()):
+        return TransferRow("netem", "grid", delay, 1000.0 if not draws else 100.0, 0.1 if draws else 0.0, size, 1,
+                           predicted, "", predicted, None, measured, limited, draws, model)
+
+    rows = (row(50.0, 2 ** 20, 0.40, 0.42),  # +5%: within
+            row(25.0, 2 ** 22, 0.50, 0.60),  # +20%: not
+            row(1.0, 2 ** 16, 0.0052, 0.0080, "floor-limited: the backend's own 1.00 ms a transfer is 19% of the "
+                "predicted 5.2 ms"),
+            row(25.0, 2 ** 22, 0.60, 0.45, draws=(0.3, 0.6, 0.45), model=(0.5, 0.7, 0.6)))  # -25%, 1.3 se
+    figures = BackendFigures("netem", 4000.0, None, None, (), 0.001)
+    return TransportResult(("netem",), True, rows, (figures,), ("a long point",), 2_870_000, 3)
+
+
+def test_the_transport_section_prints_every_point_marks_what_the_backend_cannot_carry_and_sums_up():
+    """bench --only transport: one line a point with the model's time, the kernel's and the error; a marked point
+    with the backend's figure and its own goodput, left out of the carried count; the summary's worst errors, the
+    points within 10%, and the repeated points within two standard errors of the model's mean."""
+    from testbed.studies.bench.transport import transport_table
+
+    console = Console(width=400, record=True)
+    figures = transport_table(console, _transport_result())["transport"][0]
+    text = console.export_text()
+    assert text.count("│ grid ") == 4 and "marked" in text and "1.00 ms a transfer" in text
+    assert "this point 66 Mbit/s" in text  # 64 KiB in 8 ms
+    assert "0.4500 ±0.0866 [0.3000-0.6000]" in text and "0.6000 ±0.0577 [0.5000-0.7000]" in text
+    assert figures["points"] == 4 and figures["within"] == 1 and figures["worst_error_pct"] == pytest.approx(53.85,
+                                                                                                              abs=0.01)
+    assert figures["carried_points"] == 3 and figures["carried_within"] == 1
+    assert figures["carried_worst_error_pct"] == pytest.approx(-25.0)
+    assert figures["repeated_points"] == 1 and figures["repeated_within_noise"] == 1
+    assert figures["floor_s"] == 0.001 and len(figures["rows"]) == 4
+    assert ("transport on netem: worst error +53.85%, 1 of 4 points within 10%; of the 3 the backend carries (the "
+            "backend's ceiling 4000 Mbit/s, its floor 1.00 ms a transfer): worst -25.00%, 1 within 10%") in text
+
+
+def test_the_transport_section_skips_cleanly_without_netem_or_user_mode_linux(monkeypatch):
+    from netem.probe import Capabilities
+    from testbed.studies.bench.transport import transport_section
+
+    monkeypatch.setattr("netem.probe.probe", lambda: Capabilities(False, True, True, False, "no CAP_NET_ADMIN"))
+    monkeypatch.setattr("netem.uml.uml_available", lambda: (False, "no linux.uml"))
+    monkeypatch.setattr("subprocess.call", lambda *a, **k: pytest.fail("nothing may run"))
+    console = Console(width=400, record=True)
+    assert transport_section(console, quick=True) == {"skipped": "no CAP_NET_ADMIN; user-mode-linux unavailable "
+                                                                 "(no linux.uml)"}
+    assert "transport skipped: no CAP_NET_ADMIN" in console.export_text()
+
+
+def test_bench_only_transport_runs_that_section_alone(monkeypatch):
+    from testbed.studies.bench import STUDY, measure
+
+    called = []
+    monkeypatch.setattr("testbed.studies.bench.transport.transport_section",
+                        lambda console, quick: called.append(quick) or {"transport": []})
+    monkeypatch.setattr(measure, "relay_table", lambda *a, **k: pytest.fail("only the transport section"))
+    args = STUDY.parser().parse_args(["--only", "transport", "--quick"])
+    assert measure.run(args, Console(width=400, record=True)) == {"transport": []}
+    assert called == [True]

@@ -13,6 +13,7 @@ from testbed import api
 from testbed.core import distribution, tcp
 from testbed.core.errors import ConfigError
 from testbed.studies.weights import STUDY, inputs, predict
+from testbed.studies.weights import simulate as simulate_module
 from testbed.studies.weights.fluid import Connection, max_min_rates
 from testbed.studies.weights.measure import run
 from testbed.studies.weights.result import WeightsResult
@@ -156,3 +157,47 @@ def test_the_study_runs_and_its_json_reads_back(tmp_path):
         run(STUDY.parser().parse_args(["geo-ring", "--down-mbit", "0"]), Console(quiet=True))
     with pytest.raises(ConfigError, match="one_stream_slowdown"):
         STUDY.report.parse({**result.to_dict(), "one_stream_slowdown": 0.5}, "bad.json")
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_where_the_peers_uplinks_bind_the_origin_sends_more_copies_and_the_swarm_meets_the_bound(kernel):
+    """Four nodes of one shard, their uplinks 100 Mbit/s, the origin's 1 Gbit/s: the third term binds (4 F / (125 +
+    4 x 12.5) MB/s against F / 125 MB/s). The origin's uplink stays busy the whole time (its bytes are u_s x the ring's
+    time, ~2.9 copies), every uplink from the first chunk's arrival: the swarm is within 1% of the peer-to-peer bound
+    and within its stated tolerance of the prediction (that start included)."""
+    net = network([1000.0] * 4, 0.01, kernel=kernel, same_shard=True, shard_bytes=256 * 16 * MIB, up_mbit=100.0)
+    f, strategy, chunk = net.nodes[0].shard_bytes, Strategy("swarm", 4, swarm=True), 16 * MIB
+    assert simulate_module.origin_assists(net)
+    out, pred = simulate(net, strategy, chunk), predict.predict(net, strategy, chunk)
+    bound = distribution.p2p_bound_s([f] * 4, f, 125e6, [125e6] * 4, [12.5e6] * 4)
+    assert bound == pred.bound_s == 4 * f / 175e6
+    assert bound < out.ring_ready_s < 1.01 * bound
+    assert abs(out.ring_ready_s - pred.ring_s) <= pred.tolerance_s
+    assert out.origin_bytes / f > 2.5 and out.origin_bytes == pytest.approx(125e6 * out.ring_ready_s, rel=0.02)
+    assert out.origin_bytes + out.peer_bytes >= 4 * f  # the endgame's cancelled copies are bytes sent too
+
+
+def test_where_the_origin_binds_it_sends_one_copy_and_with_one_shard_each_none_is_needed():
+    """All links 1 Gbit/s and 3 nodes of one shard: the first term binds, the origin sends each chunk once (the
+    peer-to-peer test above covers the times). Distinct shards: no peer can help, so no second copy either."""
+    same = network([1000.0] * 3, 0.01, same_shard=True, shard_bytes=64 * 16 * MIB)
+    assert not simulate_module.origin_assists(same)
+    out = simulate(same, Strategy("swarm", 4, swarm=True), 16 * MIB)
+    assert out.origin_bytes == pytest.approx(64 * 16 * MIB, rel=1e-12)
+    assert not simulate_module.origin_assists(network([1000.0] * 3, 0.01, up_mbit=10.0))
+
+
+def test_with_unequal_shards_the_origin_helps_the_group_with_most_left():
+    """Two groups of three, shards of 3 and 1 units, uplinks 100 Mbit/s: a group's own uplinks cannot help the other,
+    so the origin's second copies go to the big shard's group. The ring is within the chunk start and 3% of the
+    pooled bound, which the two groups meet only by finishing together."""
+    big, small = 192 * 16 * MIB, 64 * 16 * MIB
+    nodes = tuple(Node(f"n{i}", "r", i % 2, big if i % 2 == 0 else small, 125e6, 12.5e6) for i in range(6))
+    delays = tuple(tuple(0.01 for _ in range(7)) for _ in range(7))
+    net = Network("o", 125e6, nodes, delays, False, IW, tcp.KERNEL_WINDOW_CAP_BYTES, tcp.RTO_MIN_S)
+    strategy, chunk = Strategy("swarm", 4, swarm=True), 16 * MIB
+    out, pred = simulate(net, strategy, chunk), predict.predict(net, strategy, chunk)
+    assert pred.bound_s == pytest.approx(3 * (big + small) / (125e6 + 6 * 12.5e6), rel=1e-12)
+    assert out.ring_ready_s < pred.bound_s * 1.03 + pred.tolerance_s
+    assert abs(out.ring_ready_s - pred.ring_s) <= pred.tolerance_s
+    assert min(out.ready_s[1::2]) > 0.8 * max(out.ready_s)  # the small shard's group is not done long before

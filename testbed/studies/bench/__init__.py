@@ -15,9 +15,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "per-hop overhead against the raw socket, three Table 2 rows undilated and at auto "
                              "dilation, beside virtual), fewer samples; without it every section runs")
     parser.add_argument("--shapers", default="userspace", help="comma-separated backends to compare")
-    parser.add_argument("--only", choices=("all", "studies", "hidden"), default="all",
+    parser.add_argument("--only", choices=("all", "studies", "hidden", "transport"), default="all",
                         help="studies: only section 8, one row of every study; hidden: only section 3c, the "
-                             "hidden-size sweep (default all)")
+                             "hidden-size sweep; transport: only the transport grid, testbed.core.tcp's model "
+                             "against the kernel's TCP through netem (inside user-mode-linux where the kernel has "
+                             "no sch_netem; --quick: the grid's subset), every point's error and how many are "
+                             "within 10%% (default all)")
     parser.add_argument("--json", help="write the figures here")
 
 

@@ -254,6 +254,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     from testbed.studies.bench.studies import studies_table
     if args.only == "studies":
         return {"studies": studies_table(console, shapers)}
+    if args.only == "transport":
+        from testbed.studies.bench.transport import transport_section
+        return transport_section(console, quick)
     from testbed.studies.bench.hidden import hidden_sweep
     if args.only == "hidden":
         return {"hidden": hidden_sweep(console, shapers, quick, rows_on)}

@@ -7,8 +7,10 @@ transfer over it: S bytes on n fresh connections, S / n each, all written at onc
 - one connection, no loss: `cold_transfer_s`, the closed form of slow start's rounds and then the link's rate;
 - n connections, no loss: n windows that start together and double together on one link add up to one window of
   n x IW, capped at n x cap, so the closed form with those (`aggregate_params`);
-- with loss: the model itself, `TcpFlow` on the same seed (a seeded draw, not a mean), and Mathis' rate beside it
-  as S / (n x Mathis rate) + one way, the steady state a long transfer tends to.
+- with loss: the model itself, `TcpFlow`, over the same draws the measurement makes: a lossy point is `repeats`
+  transfers, each over a link with a seed of its own (`draws`), and its prediction is the mean of the model on
+  those seeds (each its own draw of the losses), with Mathis' rate beside it as S / (n x Mathis rate) + one way,
+  the steady state a long transfer tends to. A loss-free point is deterministic: one transfer.
 
 The model column is what the virtual backend must give to 1e-6: TcpFlow replayed over the pieces the virtual
 link cuts a write into (netem.userspace.RELAY_CHUNK), each connection's pieces written at once, the connections
@@ -27,6 +29,10 @@ from testbed.core.tcp import Bottleneck, TcpFlow, TcpParams, cold_transfer_s, li
 KiB, MiB = 2 ** 10, 2 ** 20
 RTO_MS = 200.0  # the minimum RTO the links are built with (netem.base.DEFAULT_LOSS_RTO_MS, Linux's tcp_rto_min)
 MAX_POINT_S = 60.0  # a point predicted to take longer is left out of the grid (said so), to keep a run's time
+REPEATS = 5  # a lossy point's transfers by default (a loss-free one's is deterministic: one)
+# Repeat i runs over a link of seed i x SEED_STRIDE: a transfer's k-th connection draws its losses from seed + k
+# (TcpFlow), so the repeats' draws never share a stream while a point has fewer connections than this.
+SEED_STRIDE = 1_000
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,12 @@ class Point:
     loss_pct: float
     size_bytes: int
     connections: int = 1
-    purpose: str = "grid"  # grid, ceiling (the backend's own goodput), cap (the window's plateau), slow start
+    purpose: str = "grid"  # grid, ceiling (the backend's own goodput), floor (its cost a transfer), cap, slow start
+    seed: int = 0  # the link's (LinkSpec.seed): the model's k-th connection over it draws its losses from seed + k
 
     @property
     def link(self) -> LinkSpec:
-        return LinkSpec(0, 1, self.delay_ms, loss_pct=self.loss_pct, rate_mbit=self.rate_mbit)
+        return LinkSpec(0, 1, self.delay_ms, loss_pct=self.loss_pct, rate_mbit=self.rate_mbit, seed=self.seed)
 
     @property
     def link_key(self) -> tuple[float, float, float]:
@@ -56,12 +63,14 @@ class Point:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A point's predicted time, how it was had, the model's own time, and Mathis' figure where there is loss."""
+    """A point's predicted time, how it was had, the model's own time, Mathis' figure where there is loss, and the
+    model's time on each seed a lossy point is measured on (their mean is `model_s`)."""
 
     predicted_s: float
     how: str
     model_s: float
     mathis_s: float | None = None
+    model_draws_s: tuple[float, ...] = ()
 
 
 def aggregate_params(params: TcpParams, connections: int) -> TcpParams:
@@ -83,13 +92,25 @@ def modelled_s(point: Point) -> float:
     return last
 
 
-def predict(point: Point) -> Prediction:
+def draws(point: Point, repeats: int = 1) -> list[Point]:
+    """The transfers a point is measured by: a loss-free point once (it is deterministic), a lossy one `repeats`
+    times, each over a link with a seed of its own (fresh connections each time, as every transfer's)."""
+    if not point.loss_pct:
+        return [point]
+    return [replace(point, seed=point.seed + i * SEED_STRIDE) for i in range(repeats)]
+
+
+def predict(point: Point, repeats: int = 1) -> Prediction:
+    """The point's prediction; a lossy one's is the model's mean over the seeds of its `repeats` draws."""
     one_way = point.delay_ms / 1e3
-    model = modelled_s(point)
     params = point.params
     if point.loss_pct:
+        models = tuple(modelled_s(p) for p in draws(point, repeats))
+        mean = sum(models) / len(models)
         mathis = point.size_bytes / (point.connections * mathis_rate(params)) + one_way
-        return Prediction(model, "TcpFlow, seeded", model, mathis)
+        how = "TcpFlow, seeded" if len(models) == 1 else f"TcpFlow, mean of {len(models)} seeds"
+        return Prediction(mean, how, mean, mathis, models)
+    model = modelled_s(point)
     if point.connections == 1:
         return Prediction(cold_transfer_s(point.size_bytes, params, one_way), "cold_transfer_s", model)
     both = aggregate_params(params, point.connections)
@@ -118,6 +139,9 @@ SLOW_START_LINK = (50.0, 1000.0, 0.0)
 SLOW_START_SIZES = [64 * KiB, 256 * KiB, MiB, 4 * MiB]
 # The backend's own ceiling: no delay, no rate limit (on netem in user-mode-linux: the guest's per-byte cost).
 CEILING = Point(0.0, 0.0, 0.0, 64 * MiB, 1, "ceiling")
+# The backend's own floor: the smallest transfer on the same link (the model gives it no time at all: what is
+# measured is the backend's cost a transfer; inside user-mode-linux, about a millisecond).
+FLOOR = Point(0.0, 0.0, 0.0, 64 * KiB, 1, "floor")
 
 
 def grid(quick: bool = False, max_point_s: float = MAX_POINT_S) -> tuple[list[Point], list[Point]]:

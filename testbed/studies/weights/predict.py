@@ -7,11 +7,15 @@ early frees its share), plus slow start's lag at each stream's first share and t
 Shares are per connection (as TCP's are): a node whose last chunks keep fewer of its streams busy gets less than its
 node's share for that tail, which the per-node prediction leaves out (the ring's last node is seldom the one).
 For the swarm: the peer-to-peer bound with each node's downlink replaced by what its connections can take and the
-origin's uplink by what its connections can carry, and, since this swarm's origin sends one copy, at least the other
-copies over the peers' uplinks ((sum F_i - distinct) / sum u_i); plus the forwarding of the origin's last chunks
-(a chunk is forwarded only once it has arrived whole: origin streams x (group size - 1) chunks at the least of the
-node's uplink and downlink) and the delay origin -> peer -> node. Its stated tolerance (the test's): one chunk at an
-origin stream's share (how far a node's forwarding may lag its intake) and the slowest round trip.
+origin's uplink by what its connections can carry. Where the origin's uplink binds (simulate.origin_assists false)
+its one copy goes first: at least the other copies over the peers' uplinks ((sum F_i - distinct) / sum u_i), plus
+the forwarding of the origin's last chunks (a chunk is forwarded only once it has arrived whole: origin streams x
+(group size - 1) chunks at the least of the node's uplink and downlink). Where the peers' uplinks bind, the origin
+sends second copies and every uplink is busy once the first chunk has arrived: the third term with the peers' uplinks
+idle for one chunk at an origin stream's share, (sum F_i + t_chunk x sum u_i) / (u_s + sum u_i) (a chunked swarm
+cannot meet the fluid bound closer than that start). Both add the delay origin -> peer -> node. Its stated tolerance
+(the test's): one chunk at an origin stream's share (how far a node's forwarding may lag its intake) and the slowest
+round trip.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, replace
 from testbed.core.distribution import (client_server_bound_s, fair_share_finish_s, p2p_bound_s, slow_start_lag_s,
                                        stream_cap, water_fill)
 from testbed.core.tcp import TcpParams, window_limited_rate
-from testbed.studies.weights.simulate import ORIGIN, Network, Strategy
+from testbed.studies.weights.simulate import ORIGIN, Network, Strategy, distinct_bytes, origin_assists
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,6 @@ def path_params(net: Network, src: int, node: int, rate: float) -> TcpParams:
     if not net.kernel:
         return TcpParams(rtt, rate, initial_window=math.inf, window_cap=math.inf)  # type: ignore[arg-type]
     return TcpParams(rtt, rate, int(net.initial_window), int(net.window_cap), rto_min_s=net.rto_min_s)
-
-
-def distinct_bytes(net: Network) -> float:
-    """What the origin must send at least once: each shard's bytes, once however many nodes need it."""
-    return float(sum({nd.shard: nd.shard_bytes for nd in net.nodes}.values()))
 
 
 def predict(net: Network, strategy: Strategy, chunk_bytes: int) -> Prediction:
@@ -84,12 +83,17 @@ def predict_swarm(net: Network, strategy: Strategy, chunk_bytes: int) -> Predict
     caps = [min(nd.down_bytes_s, p * window_rate(net, ORIGIN, i)
                 + sum(window_rate(net, j + 1, i) for j in groups[i] if j != i)) for i, nd in enumerate(net.nodes)]
     origin = min(net.origin_up_bytes_s, sum(p * window_rate(net, ORIGIN, i) for i in range(n)))
-    # the origin's one copy then its last chunks forwarded; each node's intake; the other copies over peers' uplinks
-    rest = max(p2p_bound_s(sizes, 0.0, origin, caps, ups), (sum(sizes) - distinct_bytes(net)) / sum(ups))
-    node_s = tuple(max(distinct_bytes(net) / origin + forwarding_s(net, strategy, chunk_bytes, i, g), f / c, rest)
-                   + max((net.one_way_s[ORIGIN][j + 1] + net.one_way_s[j + 1][i + 1] for j in g if j != i),
-                         default=net.one_way_s[ORIGIN][i + 1])
-                   for i, (f, c, g) in enumerate(zip(sizes, caps, groups)))
+    delays = [max((net.one_way_s[ORIGIN][j + 1] + net.one_way_s[j + 1][i + 1] for j in g if j != i),
+                  default=net.one_way_s[ORIGIN][i + 1]) for i, g in enumerate(groups)]
+    if origin_assists(net):  # every uplink busy from the first chunk's arrival: the third term, plus that start
+        start = max(chunk_s(net, strategy, chunk_bytes, i) for i in range(n))
+        peers = sum(u for u, g in zip(ups, groups) if len(g) > 1)
+        whole = (sum(sizes) + start * peers) / (origin + peers)
+        node_s = tuple(max(f / c, whole) + d for f, c, d in zip(sizes, caps, delays))
+    else:  # the origin's one copy then its last chunks forwarded; each node's intake; the other copies over peers
+        rest = max(p2p_bound_s(sizes, 0.0, origin, caps, ups), (sum(sizes) - distinct_bytes(net)) / sum(ups))
+        node_s = tuple(max(distinct_bytes(net) / origin + forwarding_s(net, strategy, chunk_bytes, i, g), f / c, rest)
+                       + d for i, (f, c, g, d) in enumerate(zip(sizes, caps, groups, delays)))
     slack = max(chunk_s(net, strategy, chunk_bytes, i)
                 + max(net.rtt_s(ORIGIN, i + 1), *(net.rtt_s(j + 1, i + 1) for j in g)) for i, g in enumerate(groups))
     return Prediction(tuple(caps), node_s, max(node_s), bound, "peer-to-peer", slack)

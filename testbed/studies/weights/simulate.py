@@ -9,13 +9,21 @@ Strategies (Strategy):
     streams    each node opens `origin_streams` connections to the origin; a free one takes the node's next chunk
                (one stream: P = 1; parallel range requests as exo's downloader: P = 8).
     swarm      nodes that need the same shard (a stage replicated over several rings) form a group. Each node keeps
-               `origin_streams` connections to the origin, which fetch chunks no node of its group holds or is
-               fetching (the origin sends each chunk to the group once: its bytes served are one copy), and one
-               connection from each group peer, which fetches, rarest first (fewest holders in the group, among the
-               first RAREST_WINDOW candidates in the order the peer got them), a chunk the peer holds that the node
-               neither holds nor is fetching. One copy from the origin is what the peer-to-peer bound needs where
-               its first two terms bind; where the third binds (the peers' uplinks cannot carry the other N - 1
-               copies) the origin would have to send more, which this swarm does not: the table shows the gap.
+               `origin_streams` connections to the origin and one connection from each group peer, which fetches,
+               rarest first (fewest holders in the group, among the first RAREST_WINDOW candidates in the order the
+               peer got them), a chunk the peer holds that the node neither holds nor is fetching. What the origin
+               sends depends on which term of the peer-to-peer bound binds (origin_assists):
+               - its uplink (F / u_s): each chunk to the group once, in order (one copy; the peers carry the rest);
+               - the peers' uplinks (N F / (u_s + sum u_i)): Kumar & Ross's schedule, chunk by chunk. A node gets a
+                 fresh chunk (one no node of its group holds or fetches, from the front of the shard) while what it
+                 has to forward would last less than SEED_LEAD chunks at an origin stream's share; otherwise the
+                 origin sends it a second copy of a chunk it lacks, from the back of the shard (where the fresh chunks
+                 have not reached, so it takes least from what the peers could give), and only to the group with the
+                 most bytes left per its own uplinks (within NEEDIEST: a group that finishes early leaves its uplinks
+                 idle). Endgame: a node that holds or fetches every chunk has the origin fetch again the chunk whose
+                 peer connection will finish last; the first copy to arrive cancels the other (BitTorrent's endgame
+                 cancels the same way). The origin's bytes are then more than one copy, every uplink stays busy from
+                 the first chunk's arrival, and the ring is ready within that start and one chunk of the bound.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from dataclasses import dataclass
 
 from testbed.studies.weights.fluid import Connection, max_min_rates
 
+SEED_LEAD = 2.0  # origin assist: a node gets a fresh chunk while its forwarding would last under this many chunks
+                 # at an origin stream's share (a request's wait for a free stream, then the chunk's own transfer)
+NEEDIEST = 0.05  # origin assist: second copies go to groups within 5% of the most bytes left per own uplink
 RAREST_WINDOW = 64  # a peer connection looks this far down the peer's chunks for the rarest
 ORIGIN = 0
 
@@ -97,6 +108,15 @@ class Distribution:
         self.ready: list[float] = [math.inf if self.sizes[i] else 0.0 for i in range(n)]
         self.group = [[j for j in range(n) if net.nodes[j].shard == nd.shard] for nd in net.nodes]
         self.cursor: dict[int, int] = {}  # the next chunk the origin has not sent: per node, or per group (swarm)
+        self.assist = strategy.swarm and origin_assists(net)
+        self.need: dict[int, int] = {}  # node -> below it, the chunks it may lack (origin assist, from the back)
+        self.seeded: list[list[int]] = [[] for _ in range(n)]  # fresh chunks the origin sent each node (assist)
+        self.chunk_bytes = chunk_bytes
+        keys = {min(g) for g in self.group}  # a group by its first node
+        self.group_left = {k: float(sum(sum(self.sizes[j]) for j in self.group[k])) for k in keys}  # bytes to arrive
+        self.group_up = {k: sum(net.nodes[j].up_bytes_s for j in self.group[k]) for k in keys}
+        self.lead_s = SEED_LEAD * chunk_bytes / (net.origin_up_bytes_s / (n * strategy.origin_streams))
+        self.doubled: set[tuple[int, int]] = set()  # (node, chunk) fetched from a peer and the origin at once
         self.holders: dict[tuple[int, int], int] = {}  # (shard, chunk) -> nodes holding it
         self.scan: dict[tuple[int, int], int] = {}  # (peer, node) -> where in the peer's chunks the node's needs begin
         self.arrivals: list[tuple[float, int, int, int]] = []  # (time, node, chunk, source endpoint)
@@ -178,6 +198,9 @@ class Distribution:
         return dirty
 
     def _arrive(self, node: int, chunk: int) -> bool:
+        if chunk in self.have[node]:
+            return False  # the endgame's slower copy, whose last byte left before the first arrived
+        woke = self._cancel_double(node, chunk) if (node, chunk) in self.doubled else False
         self.fetching[node].discard(chunk)
         self.have[node].add(chunk)
         self.got_order[node].append(chunk)
@@ -185,10 +208,10 @@ class Distribution:
         self.holders[key] = self.holders.get(key, 0) + 1
         if len(self.have[node]) == len(self.sizes[node]):
             self.ready[node] = self.now
-        woke = False
+        self.group_left[min(self.group[node])] -= self.sizes[node][chunk]
         if self.strategy.swarm:  # the node's peers may now fetch this chunk from it
             for c in self.conns:
-                if not c.busy and c.src == node + 1:
+                if not c.busy and (c.src == node + 1 or (self.assist and c.src == ORIGIN)):  # the neediest moved
                     woke |= self._assign(c)
         return woke
 
@@ -200,7 +223,10 @@ class Distribution:
     def _assign(self, c: Connection) -> bool:
         """Give an idle connection its next chunk, if there is one; True if it got one."""
         node = c.dst - 1
-        chunk = self._from_origin(node) if c.src == ORIGIN else self._from_peer(c.src - 1, node)
+        if c.src != ORIGIN:
+            chunk = self._from_peer(c.src - 1, node)
+        else:
+            chunk = self._assisted(node) if self.assist else self._from_origin(node)
         if chunk is None:
             return False
         self.fetching[node].add(chunk)
@@ -215,6 +241,78 @@ class Distribution:
             return None
         self.cursor[key] = chunk + 1
         return chunk
+
+    def _assisted(self, node: int) -> int | None:
+        """The origin's next chunk for the node where it sends more than one copy: a fresh chunk while the node's
+        forwarding would last under SEED_LEAD chunks at an origin stream's share; else, for the neediest groups, a
+        second copy from the back of the shard, else the endgame (module doc)."""
+        chunk = None
+        if self._backlog(node) * self.chunk_bytes / self.net.nodes[node].up_bytes_s < self.lead_s:
+            chunk = self._fresh(node)
+        if chunk is not None or not self._neediest(node):
+            return chunk
+        chunk = self._direct(node)
+        return chunk if chunk is not None else self._endgame(node)
+
+    def _neediest(self, node: int) -> bool:
+        """Whether the node's group has, within NEEDIEST, the most left per its own uplinks of any group."""
+        need = {g: left / self.group_up[g] for g, left in self.group_left.items()}
+        return need[min(self.group[node])] >= (1 - NEEDIEST) * max(need.values())
+
+    def _backlog(self, node: int) -> int:
+        """What the node's uplink has yet to forward of the fresh chunks it got: (chunk, peer) pairs the peer neither
+        holds nor fetches."""
+        peers = [j for j in self.group[node] if j != node]
+        missing = [(c, sum(c not in self.have[j] and c not in self.fetching[j] for j in peers))
+                   for c in self.seeded[node]]
+        self.seeded[node] = [c for c, m in missing if m]
+        return sum(m for _, m in missing)
+
+    def _fresh(self, node: int) -> int | None:
+        """The group's first chunk no node of it holds or fetches: the origin's one copy of it, to this node."""
+        group = self.group[node]
+        key, size = min(group), len(self.sizes[node])
+        chunk = self.cursor.get(key, 0)
+        while chunk < size and any(chunk in self.have[j] or chunk in self.fetching[j] for j in group):
+            chunk += 1
+        self.cursor[key] = chunk + 1
+        if chunk >= size:
+            return None
+        self.seeded[node].append(chunk)
+        return chunk
+
+    def _direct(self, node: int) -> int | None:
+        """The last chunk of the shard the node neither holds nor fetches: the origin's second copies come from the
+        back, where the fresh chunks (from the front) have not reached, so they take the least from what the peers
+        could give."""
+        chunk = self.need.get(node, len(self.sizes[node])) - 1
+        while chunk >= 0 and (chunk in self.have[node] or chunk in self.fetching[node]):
+            chunk -= 1
+        self.need[node] = max(chunk, 0)
+        return chunk if chunk >= 0 else None
+
+    def _endgame(self, node: int) -> int | None:
+        """The node holds or fetches every chunk: the origin fetches again the one whose peer connection will finish
+        last (the most seconds left at its rate), once; the first copy to arrive cancels the other."""
+        slow = [c for c in self.conns if c.busy and c.dst == node + 1 and c.src != ORIGIN
+                and (node, c.chunk) not in self.doubled]
+        if not slow:
+            return None
+        chunk = max(slow, key=lambda c: c.left / c.rate if c.rate > 0 else math.inf).chunk
+        self.doubled.add((node, chunk))  # type: ignore[arg-type]
+        return chunk
+
+    def _cancel_double(self, node: int, chunk: int) -> bool:
+        """The first copy of a doubled chunk arrived: the connection still sending the other stops (its bytes so far
+        wasted, counted where they left) and takes another chunk."""
+        self.doubled.discard((node, chunk))
+        woke = False
+        for c in self.conns:
+            if c.busy and c.dst == node + 1 and c.chunk == chunk:
+                c.finish_chunk(self.now)
+                self._assign(c)
+                woke = True  # a rate changed either way
+        return woke
 
     def _from_peer(self, peer: int, node: int) -> int | None:
         """Rarest first among the first RAREST_WINDOW chunks the peer holds that the node neither holds nor fetches."""
@@ -233,6 +331,21 @@ class Distribution:
             if seen >= RAREST_WINDOW:
                 break
         return best
+
+
+def distinct_bytes(net: Network) -> float:
+    """What the origin must send at least once: each shard's bytes, once however many nodes need it."""
+    return float(sum({nd.shard: nd.shard_bytes for nd in net.nodes}.values()))
+
+
+def origin_assists(net: Network) -> bool:
+    """Whether the swarm's origin sends more than one copy: where the peers' uplinks bind the peer-to-peer bound,
+    i.e. every node's bytes over u_s + the uplinks of nodes that have group peers take longer than the origin's one
+    copy over u_s (Kumar & Ross's schedule then serves the rest of u_s to the nodes directly)."""
+    shards = [nd.shard for nd in net.nodes]
+    peers_up = sum(nd.up_bytes_s for nd in net.nodes if shards.count(nd.shard) > 1)
+    total = sum(nd.shard_bytes for nd in net.nodes)
+    return total / (net.origin_up_bytes_s + peers_up) > distinct_bytes(net) / net.origin_up_bytes_s
 
 
 def chunk_sizes(n_bytes: int, chunk_bytes: int) -> list[int]:
