@@ -20,6 +20,7 @@ from agents.modes import MODES
 from testbed.launch import predict
 from testbed.launch.histogram import merge as _merge
 from testbed.launch.runlog import RunLog, lap_parts
+from testbed.launch.weights import weights_metrics
 from testbed.scenario.config import Scenario
 
 QUANTILES = {"p50": 50, "p99": 99}
@@ -45,6 +46,7 @@ class RunCollector:
         yield from self._rates(current)
         for part in lap_parts():
             yield from part.metrics(logs, current)
+        yield from weights_metrics(current.weights)
 
     def _laps(self, logs: Sequence[RunLog], current: RunLog) -> Iterator[Metric]:
         """Laps, tokens and lap time per mode kind, and the current phase's dilation."""

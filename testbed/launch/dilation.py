@@ -23,11 +23,10 @@ import dataclasses
 import math
 from typing import Awaitable, Callable
 
-from agents.hf.checkpoint import Checkpoint, is_hf
 from agents.modes import MODES
 from agents.modes.speculative.settings import SpecSettings
 from agents.process.codec import emulated_payload_bytes
-from agents.zoo.configs import MODEL_CONFIGS
+from agents.zoo.configs import model_config
 from testbed.core import physics, tcp
 from testbed.core.decode import DecodeConfig
 from testbed.core.errors import ConfigError
@@ -72,6 +71,7 @@ def calibration_scenario(scenario: Scenario) -> Scenario:
     that calibrates as itself (ModeInfo.own_calibration) keeps its decode and [spec] at a zero round trip instead.
     """
     links = tuple(dataclasses.replace(link, delay_ms=0.0, jitter_ms=0.0, loss_pct=0.0) for link in scenario.links)
+    scenario = dataclasses.replace(scenario, weights=None)  # it measures the ring's overhead, not its loading
     if MODES[scenario.decode.mode].own_calibration:
         return dataclasses.replace(scenario, name=f"{scenario.name}-calibration", description="", links=links,
                                    decode=dataclasses.replace(scenario.decode, tokens=CALIBRATION_TOKENS),
@@ -132,7 +132,7 @@ def prompt_positions(scenario: Scenario) -> int:
     decode = scenario.decode
     if decode.prompt_tokens > 0:
         return decode.prompt_tokens
-    shape = Checkpoint.open(scenario.model).shape if is_hf(scenario.model) else MODEL_CONFIGS[scenario.model]
+    shape = model_config(scenario.model)
     return min(len(decode.prompt.encode("utf-8")), shape.block_size // 2)
 
 
@@ -141,7 +141,7 @@ def hidden_bytes(scenario: Scenario, positions: int) -> int:
     else the computing model's f32 (an upper bound under a compressing codec); framing left out."""
     if scenario.wire.width:
         return emulated_payload_bytes(positions, scenario.wire)
-    shape = Checkpoint.open(scenario.model).shape if is_hf(scenario.model) else MODEL_CONFIGS[scenario.model]
+    shape = model_config(scenario.model)
     return physics.b_hop(positions, shape.n_embd, 4)
 
 

@@ -26,6 +26,7 @@ from testbed.launch.budget import run_budget
 from testbed.launch.dilation import BUDGET_S, box_scenario, resolve as resolve_dilation, undilated_on_simulated_time
 from testbed.launch.runlog import RunLog
 from testbed.launch.summarize import self_check, simulated_rate, summarize
+from testbed.launch.weights import first_phase
 from testbed.scenario.config import Scenario
 
 STARTUP_TIMEOUT_S = 300.0  # agents import torch and load weights; inside user-mode-linux that is slow
@@ -247,6 +248,7 @@ class Launcher:
         the simulated tokens it made per wall second (summarize.simulated_rate).
         """
         await self._train_once()
+        self.runlog.weights = await first_phase(self.scenario, self.shaper, self.dilation.factor, self.log)
         if not self.shaper.in_process:
             await self._run()
             return summarize(self.runlog)

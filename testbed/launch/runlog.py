@@ -110,6 +110,7 @@ class RunLog:
             maxlen=min(MAX_HISTORY_POINTS, window_laps))
         self.generated_tokens: int | None = None
         self.agent_usage: dict[int, AgentUsage] = {}  # stage -> what the agent reported at its end
+        self.weights = None  # [weights]: the run's first phase (testbed.launch.weights.WeightsPhase)
         # link name -> (mean propagation delay its chunks drew, s, box time; chunks): Shaper.realized_propagation
         self.propagation: dict[str, tuple[float, int]] = {}
         self._recent: collections.deque[LapRecord] = collections.deque(maxlen=RATE_WINDOW_LAPS)

@@ -190,6 +190,7 @@ def summarize(log: RunLog) -> RunSummary:
         shaper_facts={**log.shaper_facts, "schedule_changes": [dataclasses.asdict(c) for c in log.schedule_changes]}
         if log.schedule_changes else log.shaper_facts, dilation=log.dilation,
         agents=tuple(usage for _, usage in sorted(log.agent_usage.items())), wire=sc.wire, serialization_s=log.serialization_s,
+        extra={"weights": log.weights.to_dict()} if log.weights is not None else {},
         **schedule_events(log),
     )
 

@@ -12,26 +12,41 @@ weights study's simulation.
 
 `predict_node_s` is the closed form of one node's fetch, protocol round trips included (testbed.core.tcp for the
 bytes under each transport).
+
+A scenario's [weights] (testbed.scenario.weights) makes this a run's first phase (first_phase, before the agents
+start): on simulated time each stage's time to ready is the weights study's closed form (predict_ring_s), on the
+relay or netem the scenario's model cut by stage crosses the links as real bytes (measured_phase).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import trio
+from prometheus_client.core import GaugeMetricFamily, Metric
 
+from agents.weights import manifest
 from testbed.core import tcp
 from testbed.core.channel import LineReader
+from testbed.core.distribution import fair_share_finish_s, slow_start_lag_s, stream_cap, water_fill
 from testbed.core.errors import ConfigError, ShapingError
+from testbed.core.jsonrecord import JsonRecord
 from testbed.core.process import stop_process
 from testbed.core.records import LOSS_RTO_MS, LinkSpec, mbit_to_bytes_s
+from testbed.deploy.rules import StageShare, emulated_split, resident_bytes
+from testbed.scenario.config import Scenario
 
 START_TIMEOUT_S = 120.0  # a process importing trio, starlette and hypercorn inside user-mode-linux: tens of seconds
 STOP_GRACE_S = 2.0
@@ -146,13 +161,12 @@ async def distribute(routes: list[Route], files: list[list[str]], origin_root: P
     fetchers' in Python, shrinks D-fold against the link's); a transfer's rounds and windows are unchanged by it."""
     from netem.base import ShaperOptions
     from netem.select import choose_shaper
-    from testbed.launch.launcher import new_run_id
 
     if not dilation >= 1:
         raise ConfigError(f"expected a dilation >= 1, got {dilation!r}", key="dilation")
     origin = len(routes)
     box = [Route(r.delay_ms * dilation, r.rate_mbit / dilation) for r in routes]
-    shaper = choose_shaper(shaper_kind, route_links(box), origin + 1, new_run_id(),
+    shaper = choose_shaper(shaper_kind, route_links(box), origin + 1, os.urandom(3).hex(),  # as launcher.new_run_id
                            options=ShaperOptions(loss_rto_ms=LOSS_RTO_MS * dilation, transport=transport))
     if shaper.in_process:
         raise ConfigError("real bytes cross real sockets: use the relay or netem (the weights study simulates the "
@@ -182,3 +196,204 @@ async def distribute(routes: list[Route], files: list[list[str]], origin_root: P
                                    sum(r["fetched_bytes"] for r in done["reports"]), done["reports"]))
             log(f"node {i}: {nodes[-1].fetched_bytes:,} bytes in {nodes[-1].seconds:.3f} s")
     return Distribution(shaper.name, transport, nodes)
+
+
+# --- [weights]: the run's first phase ----------------------------------------------------------------------------
+
+BYTE_MODEL_EXTRAS = ("transformer.wte.", "transformer.wpe.", "transformer.ln_f.", "lm_head.")  # the entry's
+
+
+@dataclass(frozen=True)
+class WeightsPhase(JsonRecord):
+    """A run's [weights] phase: each stage's shard from the origin, its time to ready beside the closed form.
+
+    On simulated time (the virtual backend) a stage's time is the closed form's (the weights study's prediction
+    for the streams strategies); on the relay or netem it is measured, real bytes hash-verified."""
+
+    backend: str
+    how: str  # "modelled" (simulated time) or "measured" (real bytes)
+    origin: str
+    strategy: str
+    streams: int
+    transport: str
+    stages: tuple[str, ...]
+    shard_bytes: tuple[int, ...]
+    ready_s: tuple[float, ...]  # per stage: from the first request to its last verified byte
+    predicted_s: tuple[float, ...]
+    dilation: float = 1.0
+
+    @property
+    def ring_ready_s(self) -> float:
+        return max(self.ready_s, default=0.0)
+
+    def lines(self) -> list[str]:
+        """What the run prints: the ring's time to ready beside its prediction, then each stage's."""
+        streams = "one stream" if self.streams == 1 else f"{self.streams} streams"
+        head = (f"weights: ring ready in {self.ring_ready_s:.3f} s {self.how} (predicted {max(self.predicted_s):.3f} "
+                f"s), {sum(self.shard_bytes):,} bytes from {self.origin}, {streams} a node, {self.transport} TCP")
+        return [head] + [f"weights: {name}: {n:,} bytes ready in {t:.3f} s (predicted {p:.3f} s)"
+                         for name, n, t, p in zip(self.stages, self.shard_bytes, self.ready_s, self.predicted_s)]
+
+
+def origin_one_way_s(scenario: Scenario, back: bool = False) -> list[float]:
+    """The one-way delay from the origin to each stage (`back`: from each stage to the origin); within one region
+    weights.local_ms (testbed.scenario.weights has checked that every stage has a region)."""
+    cfg, matrix = scenario.weights, scenario.regions
+    return [cfg.local_ms / 1e3 if st.region == cfg.origin else
+            (matrix.latency(st.region, cfg.origin) if back else matrix.latency(cfg.origin, st.region)) / 1e3
+            for st in scenario.stages]
+
+
+def shard_bytes(scenario: Scenario) -> list[int]:
+    """Each stage's shard: its share of the [geometry] (the weights study's shards), else of the model's checkpoint
+    (the bytes the relay moves)."""
+    geometry, stages = scenario.geometry, list(scenario.stages)
+    if geometry is None:
+        return [sum(len_ for _, _, len_ in spans) for spans in checkpoint_spans(scenario)]
+    head_stage = {"entry": 0, "last": len(stages) - 1}.get(scenario.placement.head)
+    split = emulated_split(geometry, stages, head_stage, scenario.source)
+    return [round(resident_bytes(geometry, StageShare(0, True) if st.is_head else share,
+                                 entry=i == 0 and not st.is_head)) for i, (st, share) in enumerate(zip(stages, split))]
+
+
+def predict_ring_s(scenario: Scenario, sizes: list[int]) -> list[float]:
+    """Each stage's ready time when every node pulls its shard from the origin over P streams (the weights study's
+    prediction for its streams strategies): the fluid schedule of each node's cap (its downlink, or P windows over
+    its round trip under "kernel") on the origin's uplink, slow start's lag on each stream's first share, and the last
+    chunk's one-way delay."""
+    cfg = scenario.weights
+    p, kernel = cfg.stream_count, scenario.transport == "kernel"
+    down, up = mbit_to_bytes_s(cfg.down_mbit), mbit_to_bytes_s(cfg.origin_up_mbit)
+    one_way = origin_one_way_s(scenario)
+    rtts = [there + back for there, back in zip(one_way, origin_one_way_s(scenario, back=True))]
+
+    def params(i: int, rate: float) -> tcp.TcpParams:  # the kernel's windows, or none ("tuned")
+        return tcp.TcpParams(rtts[i], rate) if kernel else tcp.TcpParams(rtts[i], rate, math.inf, math.inf)
+
+    caps = [stream_cap(down, p, params(i, down)) for i in range(len(sizes))]
+    first = water_fill(caps, up)
+    return [t + slow_start_lag_s(f / p, params(i, r / p)) + one_way[i]
+            for i, (t, f, r) in enumerate(zip(fair_share_finish_s(sizes, caps, up), sizes, first))]
+
+
+def modelled_phase(scenario: Scenario, backend: str) -> WeightsPhase:
+    """The phase on simulated time: each stage's time to ready is the closed form's."""
+    cfg, sizes = scenario.weights, shard_bytes(scenario)
+    predicted = tuple(predict_ring_s(scenario, sizes))
+    return WeightsPhase(backend, "modelled", cfg.origin, cfg.strategy, cfg.stream_count, scenario.transport,
+                        tuple(st.name for st in scenario.stages), tuple(sizes), predicted, predicted)
+
+
+def checkpoint_spans(scenario: Scenario) -> list[list[tuple[Path, str, int]]]:
+    """Per stage, the (file, tensor, bytes) it loads of the scenario's model: a Hugging Face checkpoint's
+    stage_tensors, or the shipped byte model's layers (and on the entry its embeddings, final norm and head)."""
+    from agents import zoo
+    from agents.hf.checkpoint import Checkpoint, is_hf
+    from agents.zoo.configs import NULL_PREFIX, model_config
+
+    ranges = scenario.layer_ranges(model_config(scenario.model).n_layer)
+    if is_hf(scenario.model):
+        checkpoint = Checkpoint.open(scenario.model)
+        wanted = [checkpoint.stage_tensors(first, last, entry=i == 0) for i, (first, last) in enumerate(ranges)]
+        return [[(path, key, _tensor_span(path, key)[1]) for path, key in w.values()] for w in wanted]
+    path = Path(zoo.__file__).parent / "weights" / f"{scenario.model.removeprefix(NULL_PREFIX)}.safetensors"
+    names = sorted(_safetensors_header(path)[0])
+    out = []
+    for i, (first, last) in enumerate(ranges):
+        prefixes = (*(f"transformer.h.{n}." for n in range(first, last)), *(BYTE_MODEL_EXTRAS if i == 0 else ()))
+        out.append([(path, name, _tensor_span(path, name)[1]) for name in names if name.startswith(prefixes)])
+    return out
+
+
+@functools.cache
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's tensors (name -> dtype, shape, data_offsets) and where their data begins."""
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def _tensor_span(path: Path, name: str) -> tuple[int, int]:
+    header, base = _safetensors_header(path)
+    start, end = header[name]["data_offsets"]
+    return base + start, end - start
+
+
+def cut_checkpoint(scenario: Scenario, out: Path) -> list[list[str]]:
+    """The scenario's model cut by stage into `out` (agents.weights.shards for a Hugging Face checkpoint; the byte
+    model's tensors copied raw into one safetensors file a stage); per stage, the files its node needs."""
+    from agents.hf.checkpoint import is_hf
+    from agents.zoo.configs import model_config
+
+    if is_hf(scenario.model):
+        from agents.weights.shards import shard_by_stage  # safetensors.torch: torch, for real bytes only
+
+        return shard_by_stage(Path(scenario.model.removeprefix("hf:")), out,
+                              scenario.layer_ranges(model_config(scenario.model).n_layer))
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for stage, spans in enumerate(checkpoint_spans(scenario)):
+        header, blobs, offset = {}, [], 0
+        for path, name, n_bytes in spans:
+            entry = _safetensors_header(path)[0][name]
+            header[name] = dict(entry, data_offsets=[offset, offset + n_bytes])
+            with path.open("rb") as f:
+                f.seek(_tensor_span(path, name)[0])
+                blobs.append(f.read(n_bytes))
+            offset += n_bytes
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
+        name = f"stage{stage}.safetensors"
+        (out / name).write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+        files.append([name])
+    return files
+
+
+async def measured_phase(scenario: Scenario, shaper_kind: str, dilation: float, log: Callable[[str], None]
+                         ) -> WeightsPhase:
+    """The phase with real bytes: the model cut by stage, served by an origin and fetched by each node over its own
+    link from the origin (distribute: every chunk SHA-256-verified), each node's time beside predict_node_s."""
+    cfg = scenario.weights
+    routes = [Route(one_way * 1e3, cfg.down_mbit) for one_way in origin_one_way_s(scenario)]
+    with tempfile.TemporaryDirectory(prefix="geo-ring-weights-") as scratch:
+        origin = Path(scratch) / "origin"
+        files = await trio.to_thread.run_sync(cut_checkpoint, scenario, origin)
+        sizes = [[(origin / name).stat().st_size for name in names] for names in files]
+        manifest_bytes = len(manifest.dumps(manifest.build(origin)))
+        done = await distribute(routes, files, origin, Path(scratch) / "nodes", shaper_kind=shaper_kind,
+                                transport=scenario.transport, streams=cfg.stream_count, dilation=dilation, log=log)
+    predicted = tuple(predict_node_s(route, size, cfg.stream_count, scenario.transport, shaper_kind == "netem",
+                                     manifest_bytes, manifest.CHUNK_BYTES) for route, size in zip(routes, sizes))
+    return WeightsPhase(done.backend, "measured", cfg.origin, cfg.strategy, cfg.stream_count, scenario.transport,
+                        tuple(st.name for st in scenario.stages), tuple(sum(s) for s in sizes),
+                        tuple(n.seconds for n in done.nodes), predicted, dilation)
+
+
+async def first_phase(scenario: Scenario, shaper, dilation: float, log: Callable[[str], None]) -> WeightsPhase | None:
+    """[weights] before the agents start (None where the scenario has none): modelled on a simulated backend,
+    measured with real bytes on the relay or netem; its lines printed."""
+    if scenario.weights is None:
+        return None
+    phase = (modelled_phase(scenario, shaper.name) if shaper.in_process
+             else await measured_phase(scenario, shaper.name, dilation, log))
+    for line in phase.lines():
+        log(line)
+    return phase
+
+
+def weights_metrics(phase: WeightsPhase | None) -> Iterator[Metric]:
+    """testbed_weights_ready_seconds{stage, kind}: each stage's time to ready, kind=measured (real bytes) or modelled
+    (simulated time), and kind=predicted (the closed form); testbed_weights_shard_bytes{stage}."""
+    if phase is None:
+        return
+    ready = GaugeMetricFamily("testbed_weights_ready_seconds", "[weights]: a stage's time from its first request to "
+                              "the last verified byte of its shard", labels=["stage", "kind"])
+    shard = GaugeMetricFamily("testbed_weights_shard_bytes", "[weights]: the bytes of a stage's shard",
+                              labels=["stage"])
+    for name, n, t, p in zip(phase.stages, phase.shard_bytes, phase.ready_s, phase.predicted_s):
+        ready.add_metric([name, phase.how], t)
+        ready.add_metric([name, "predicted"], p)
+        shard.add_metric([name], n)
+    yield from (ready, shard)

@@ -32,6 +32,7 @@ from testbed.scenario.stages import StageConfig, placed_regions, split_layers, s
 from testbed.scenario.validate import check_keys as _check_keys
 from testbed.scenario.validate import number as _number
 from testbed.scenario.validate import string as _string
+from testbed.scenario.weights import WeightsConfig, weights_from_dict
 
 SCENARIO_PACKAGE = "testbed.scenario.builtin"
 
@@ -57,6 +58,7 @@ class Scenario:
     lap_timeout_s: float = LAP_TIMEOUT_S  # a frame not back within this long means a peer or a link is gone
     geometry: ModelPreset | None = None  # [geometry]: the model the frames and the rooflines emulate (testbed.deploy)
     transport: str = "tuned"  # [network] transport: what the senders' TCP does (testbed.core.tcp)
+    weights: WeightsConfig | None = None  # [weights]: the shards' distribution, the run's first phase
 
     @property
     def n_agents(self) -> int:
@@ -122,7 +124,7 @@ class Scenario:
 # --- loading -----------------------------------------------------------------------------------
 
 _OWN_KEYS = {"name", "description", "model", "stages", "network", "decode", "scale", "wire", "regions", "placement",
-             "parallel", "tp", "spec", "geometry", "hardware"}
+             "parallel", "tp", "spec", "geometry", "hardware", "weights"}
 
 
 def top_keys() -> set[str]:
@@ -224,7 +226,7 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     _check_keys(raw, top_keys(), source, "")
     name = _string(raw, "name", Path(source).stem if source.endswith(".toml") else "scenario", source, "")
     description = _string(raw, "description", "", source, "")
-    model = model_name(raw.get("model", "target"), source, "model", BYTE_MODELS)
+    model = model_name(raw.get("model", "target"), source, "model", BYTE_MODELS, null=True)
     scale = _number(raw, "scale", 1.0, source, "", minimum=1e-6)
     placement = _placement(raw.get("placement", {}), source, scale)
     stages = stages_from_list(raw.get("stages"), placement, source, scale)
@@ -271,7 +273,8 @@ def scenario_from_dict(raw: dict, source: str = "<dict>") -> Scenario:
     return Scenario(name=name, source=source, description=description, stages=tuple(stages), links=tuple(links),
                     decode=decode, loss_rto_ms=loss_rto_ms, model=model, scale=scale, wire=wire, regions=regions,
                     placement=placement, parallel=parallel, tp=tp, spec=spec, schedule=schedule,
-                    lap_timeout_s=lap_timeout_s, geometry=geometry, transport=transport)
+                    lap_timeout_s=lap_timeout_s, geometry=geometry, transport=transport,
+                    weights=weights_from_dict(raw.get("weights"), regions, placed, links, scale, source))
 
 
 def check_model_fits(model: str, decode: DecodeConfig, stages: list[StageConfig], source: str) -> None:
