@@ -190,9 +190,9 @@ def test_at_saturation_a_full_convoy_laps_at_the_streams_ceiling():
 GEO_HOPS_MS = (130.0, 40.0, 110.0)  # geo-ring's: the network, not the stages, sets the lap (C = 30 ms, T_ring = 280)
 
 
-@pytest.mark.parametrize("share", [0.3, 0.6])
+@pytest.mark.parametrize("share", [0.3, 0.6, 0.9, 0.99])
 def test_the_queueing_model_is_within_5_percent_of_the_virtual_run_below_the_knee(share):
-    """Poisson arrivals at 30% and 60% of the model's knee on a geo ring: its p50 TTFT and TPOT against the
+    """Poisson arrivals at 30% to 99% of the model's knee on a geo ring: its p50 TTFT and TPOT against the
     run's (the model is given the run's own arrivals and lengths: summary.py). The model leaves out the entry's own
     queue (arrivals wait for the step it is in): on a ring whose lap is mostly network that is a few ms a request."""
     from agents.modes.serve.queueing import knee_rate
@@ -202,7 +202,7 @@ def test_the_queueing_model_is_within_5_percent_of_the_virtual_run_below_the_kne
     knee = knee_rate(ring_model(serve_scenario(streams=16, hops_ms=GEO_HOPS_MS, **workload)), 16, 12)
     summary, _, _ = served(serve_scenario(streams=16, hops_ms=GEO_HOPS_MS, rate=share * knee, **workload))
     measured, predicted = summary.serve.measured, summary.serve.predicted
-    assert predicted.regime == "below the knee" and measured.completed == 60
+    assert measured.completed == 60 and (share > 0.6 or predicted.regime == "below the knee")  # 60 draws: +-13%
     for name in ("median_ttft_ms", "median_tpot_ms"):
         assert getattr(predicted, name) == pytest.approx(getattr(measured, name), rel=0.05), name
 

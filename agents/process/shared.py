@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.hf.checkpoint import is_hf
+from agents.zoo.configs import is_null, model_config
 
 _SHARED: dict[str, Any] = {}
 
@@ -13,11 +14,16 @@ def shared_model(name: str, stage: tuple[int, int, bool] | None = None):
     """Model `name`, once per process: read-only weights, so the agents of a virtual run (all in one process,
     netem.virtual) share one copy, and a real agent process loads each name once.
 
-    A byte model (agents.zoo.train.load_model) loads whole (a megabyte). A checkpoint ("hf:PATH", agents.hf.model)
+    A byte model (agents.zoo.train.load_model) loads whole (a megabyte); a null model "null:NAME" (agents.zoo.null)
+    has its shapes only. A checkpoint ("hf:PATH", agents.hf.model)
     loads only what is asked: `stage` = (first layer, last layer exclusive, is the entry) for a pipeline stage,
     None for all of it (a draft)."""
     if name not in _SHARED:
-        if is_hf(name):
+        if is_null(name):
+            from agents.zoo.null import NullModel
+
+            _SHARED[name] = NullModel(model_config(name), name)
+        elif is_hf(name):
             from agents.hf.model import load_hf
 
             _SHARED[name] = load_hf(name)

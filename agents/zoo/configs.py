@@ -66,12 +66,22 @@ class ByteVocabulary:
 BYTES = ByteVocabulary()
 
 
+NULL_PREFIX = "null:"  # "null:NAME": NAME's shapes without its weights or arithmetic (agents.zoo.null)
+
+
+def is_null(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(NULL_PREFIX)
+
+
 def model_config(name: str):
-    """The shape of model `name`: one of MODEL_CONFIGS, or a local checkpoint "hf:PATH" (read, not loaded)."""
+    """The shape of model `name`: one of MODEL_CONFIGS, a local checkpoint "hf:PATH" (read, not loaded), or the
+    null model of a byte model "null:NAME" (NAME's shape)."""
     from agents.hf.checkpoint import Checkpoint, is_hf
 
     if is_hf(name):
         return Checkpoint.open(name).shape
+    if is_null(name):
+        name = name[len(NULL_PREFIX):]
     if name not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {name!r}: expected one of {sorted(MODEL_CONFIGS)} or hf:PATH")
     return MODEL_CONFIGS[name]
@@ -81,4 +91,4 @@ def vocabulary(name: str):
     """How model `name` turns text into token ids and back (encode, decode)."""
     from agents.hf.checkpoint import Checkpoint, is_hf
 
-    return Checkpoint.open(name).vocabulary() if is_hf(name) else BYTES
+    return Checkpoint.open(name).vocabulary() if is_hf(name) else BYTES  # a null model's tokens are bytes too

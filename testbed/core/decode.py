@@ -183,6 +183,8 @@ class ModeInfo:
     greedy_on_last: bool = False  # with placement.head = "last" it decodes greedily only (the draft stays on the entry)
     spec_headline: bool = False  # its run's predicted rate is r_spec (RunSummary.is_speculative), not the wall
     drafts: bool = False  # it drafts with decode.draft (the scenario's model section checks the draft)
+    # whether a run of these settings drafts, where that depends on them (serve: decode.speculate > 0); None: `drafts`
+    drafting: Callable[[DecodeConfig], bool] | None = None
     no_k_sweep: bool = False  # it runs no K sweep: decode.k_sweep is refused where it loads
     # A run longer than the run log's window (testbed.launch.summarize.mode_summary): a summary module with
     # summarize_totals reads its metrics part's sums over every lap ((run log, scenario) -> its part); without it,
@@ -207,6 +209,10 @@ class ModeInfo:
     def __post_init__(self) -> None:
         if (self.summary is None) != (self.summary_field is None):
             raise ValueError(f"mode {self.name!r}: a summary part needs both its type and its field, or neither")
+
+    def drafts_in(self, decode: DecodeConfig) -> bool:
+        """Whether a run of these settings drafts (its timing then depends on the tokens the draft gets accepted)."""
+        return self.drafting(decode) if self.drafting is not None else self.drafts
 
     def part(self, role: str):
         """The folder's `role` module (one of ROLES), imported; None where the mode has none."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.zoo.configs import MODEL_CONFIGS
+from agents.zoo.configs import MODEL_CONFIGS, NULL_PREFIX, is_null
 from agents.hf.checkpoint import HF_PREFIX, Checkpoint, is_hf
 from agents.modes import MODES
 from testbed.core.decode import DRAFT_KINDS, DecodeConfig
@@ -26,18 +26,23 @@ def checkpoint_name(value: str, source: str, key: str) -> str:
         raise ConfigError(str(exc), source=source, key=key) from None
 
 
-def model_name(value: object, source: str, key: str, choices: tuple[str, ...]) -> str:
-    """One of `choices`, or a checkpoint "hf:PATH"."""
+def model_name(value: object, source: str, key: str, choices: tuple[str, ...], *, null: bool = False) -> str:
+    """One of `choices`, or a checkpoint "hf:PATH"; with `null`, also a null model "null:NAME" of one of them."""
     if isinstance(value, str) and is_hf(value):
         return checkpoint_name(value, source, key)
+    if null and is_null(value) and value[len(NULL_PREFIX):] in choices:
+        return str(value)
     if value not in choices:
-        raise ConfigError(f"expected one of {', '.join(repr(c) for c in choices)} or \"hf:PATH\", got {value!r}",
+        nulls = f", \"{NULL_PREFIX}NAME\" (NAME's shapes, no computation)" if null else ""
+        raise ConfigError(f"expected one of {', '.join(repr(c) for c in choices)}, \"hf:PATH\"{nulls}; got {value!r}",
                           source=source, key=key)
     return str(value)
 
 
 def check_models(model: str, decode: DecodeConfig, *, parallel: str, drafts_on_edge: bool, source: str) -> None:
-    """What a checkpoint can and cannot run with, and a draft that fits its target."""
+    """What a checkpoint or a null model can and cannot run with, and a draft that fits its target."""
+    if is_null(model):
+        _check_null(model, decode, parallel=parallel, drafts_on_edge=drafts_on_edge, source=source)
     if is_hf(model) and parallel == "tp":
         raise ConfigError("tensor parallelism splits the byte models' matmuls (agents.modes.tp); a checkpoint runs "
                           "parallel = \"pp\"", source=source, key="parallel")
@@ -58,6 +63,17 @@ def check_models(model: str, decode: DecodeConfig, *, parallel: str, drafts_on_e
                           f"{draft.vocabulary().size}) is not the target's ({target.shape.vocab_size}, "
                           f"{target.vocabulary().size}): speculation needs the same tokenizer",
                           source=source, key="decode.draft")
+
+
+def _check_null(model: str, decode: DecodeConfig, *, parallel: str, drafts_on_edge: bool, source: str) -> None:
+    """A null model (agents.zoo.null) keeps a run's timing only where no token's value decides what happens next."""
+    if MODES[decode.mode].drafts_in(decode) or drafts_on_edge:
+        raise ConfigError(f"{model!r} computes no tokens, and speculation's timing depends on which it accepts: "
+                          f"decode.mode {decode.mode!r} needs a model (\"{model[len(NULL_PREFIX):]}\")",
+                          source=source, key="model")
+    if parallel == "tp":
+        raise ConfigError(f"{model!r} has no matmuls for tensor parallelism to split: parallel = \"tp\" needs a model",
+                          source=source, key="model")
 
 
 def draft_rule(dec: dict, source: str) -> str:

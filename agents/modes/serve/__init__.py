@@ -18,6 +18,10 @@ def check_context(decode: DecodeConfig, context: int, model: str) -> None:
     check_fits(settings.workload(), context, model)
 
 
+def drafting(decode: DecodeConfig) -> bool:
+    return decode.settings(ServeSpecSettings).speculate > 0  # speculation while serving
+
+
 INFO = ModeInfo("serve", __name__, metric_kind="serve", min_stages=2, streams_as="serve", summary=ServeSummary,
-                summary_field="serve", drafts=True, settings=(ServeSettings, EndpointSettings, ServeSpecSettings),
-                check_context=check_context)
+                summary_field="serve", drafts=True, drafting=drafting,
+                settings=(ServeSettings, EndpointSettings, ServeSpecSettings), check_context=check_context)

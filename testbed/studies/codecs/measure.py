@@ -31,6 +31,7 @@ from testbed.studies.base import (dilation_cell, dilation_of, ensure_models_on, 
                                   write_json)
 from testbed.scenario.config import Scenario
 from testbed.core.decode import WireConfig
+from testbed.core.errors import ConfigError
 from testbed.studies.codecs.result import CodecRow
 
 COMPARED = (WireConfig("f32"), WireConfig("f16"), WireConfig("int8-block", 64), WireConfig("int8-block", 16))
@@ -114,6 +115,9 @@ def rows(scenario_name: str, args: argparse.Namespace, console: Console) -> list
     scenario = make_scenario(scenario_name, overrides=list(args.overrides))
     from agents.zoo.train import MODEL_CONFIGS
 
+    if scenario.model not in MODEL_CONFIGS:  # a checkpoint, or a null model: no byte model's hidden states to code
+        raise ConfigError(f"the codecs' quality is measured on a byte model's hidden states, not {scenario.model!r}",
+                          source=scenario.source, key="model")
     width = MODEL_CONFIGS[scenario.model].n_embd
     rng = np.random.default_rng(0)
     token = rng.standard_normal((1, 1, width)).astype(np.float32)
