@@ -113,7 +113,7 @@ def test_a_sub_matrix_keeps_the_order_asked_for():
 
 @pytest.mark.parametrize("lookup, kind, known", [
     (model_preset, "model preset", "deepseek-v3, llama-3.1-405b"),
-    (hardware_preset, "hardware preset", "a100-80gb, h100-sxm, h200"),
+    (hardware_preset, "hardware preset", "a100-80gb, apple-m1, h100-sxm"),
     (region, "region", "frankfurt, hong-kong"),
 ])
 def test_an_unknown_name_lists_the_known_ones(lookup, kind, known):
