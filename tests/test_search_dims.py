@@ -185,9 +185,10 @@ def test_the_winner_line_says_the_codec_kv_and_parallelism(tmp_path, capsys):
 
 
 def test_a_tp_group_int8_and_shipped_kv_run_on_virtual_time_as_priced():
-    """The three new dimensions at once, built as a scenario (a TP group of two 4090s as one stage priced by its
-    profile, then an A100 across the border; int8-block frames and shipped KV at 100 Mbit/s) and run on virtual
-    time: the measured rate is the search's closed form (plain decode: exactly, as every frame's bytes are)."""
+    """The new dimensions at once, built as a scenario (a TP group of two 4090s as one stage priced by its profile,
+    then an A100 across the border; int8-block frames and shipped KV at 100 Mbit/s; two round trips a hop) and run
+    on virtual time: the measured rate is the search's closed form (plain decode: exactly, as every frame's bytes
+    are)."""
     import trio
 
     from testbed.launch.launcher import run_scenario
@@ -195,7 +196,8 @@ def test_a_tp_group_int8_and_shipped_kv_run_on_virtual_time_as_priced():
 
     raw = {"model": "llama-3.1-8b", "prompt_tokens": 64, "tokens": 8, "context": 1024, "rate_mbit": 100,
            "machines": [machine("4090", "rtx-4090", "frankfurt", count=2), machine("a100", "a100-80gb", "paris")],
-           "wire": {"codecs": ["int8-block"]}, "placement": {"kv": ["ship"], "parallel": ["pp", "tp"]},
+           "wire": {"codecs": ["int8-block"], "round_trips": 2},
+           "placement": {"kv": ["ship"], "parallel": ["pp", "tp"]},
            "lan": {"one_way_ms": 0.005, "gbit_s": 400}, "constraints": {"head_region": "frankfurt"}}
     _, space, scored = searched(spec_from_dict(raw, "test"))
     s = plain(scored, ranks=(2, 1))
@@ -205,3 +207,53 @@ def test_a_tp_group_int8_and_shipped_kv_run_on_virtual_time_as_priced():
     assert scenario.wire.stage_layers == s.candidate.layers and scenario.stages[0].devices == 2
     summary = trio.run(lambda: run_scenario(scenario, "virtual", log=lambda m: None))
     assert summary.measured_tok_s == pytest.approx(s.tok_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_n_round_trips_a_hop_cost_2n_minus_1_one_way_delays_on_every_hop(n):
+    """[wire] round_trips = n: a hop waits out n - 1 request and reply exchanges beside its frame's one way, so a
+    plain lap gains 2 (n - 1) T_ring (T_ring: the one-way delays of the lap's hops) and nothing else: the same
+    split, the frame's bytes serialized once."""
+    _, space1, scored1 = search(TWO, rate_mbit=10)
+    _, space_n, scored_n = search(TWO, rate_mbit=10, wire={"round_trips": n})
+    assert space_n.spec.dims.hop_delays == 2 * n - 1 and space1.spec.dims.hop_delays == 1
+    one = {(s.candidate.stages, s.candidate.layers): s for s in scored1 if s.candidate.mode == "off"}
+    matched = 0
+    for s in scored_n:
+        if s.candidate.mode != "off":
+            continue
+        base = one[(s.candidate.stages, s.candidate.layers)]
+        ring = [space1.spec.machines[g].region for g in s.candidate.stages]
+        t_ring_s = sum(space1.spec.matrix.ms(a, b) for a, b in zip(ring, ring[1:] + ring[:1])) / 1e3
+        assert t_ring_s > 0
+        assert 1 / s.tok_s - 1 / base.tok_s == pytest.approx(2 * (n - 1) * t_ring_s, rel=1e-9)
+        matched += 1
+    assert matched > 0
+
+
+def test_round_trips_favour_the_shorter_ring():
+    """Three round trips a hop triple-and-more the ring's share of a lap: a ring across the Atlantic loses more
+    than one inside a continent, so the rate falls by more where the ring is longer."""
+    far = [machine("va", "a100-80gb", "virginia"), machine("fr", "a100-80gb", "frankfurt")]
+    rates = {}
+    for name, machines in (("near", TWO), ("far", far)):
+        for n in (1, 3):
+            rates[name, n] = search(machines, rate_mbit=1000, wire={"round_trips": n})[0].top[0].tok_s
+    assert rates["near", 3] < rates["near", 1] and rates["far", 3] < rates["far", 1]
+    assert rates["far", 1] / rates["far", 3] > rates["near", 1] / rates["near", 3]
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", 65, True])
+def test_a_bad_round_trips_is_named(value):
+    with pytest.raises(ConfigError) as caught:
+        spec_from_dict({"model": "llama-3.1-8b", "machines": [machine("a", "a100-80gb", "paris")],
+                        "wire": {"round_trips": value}}, "test")
+    assert caught.value.key == "wire.round_trips"
+
+
+def test_a_bad_round_trips_exits_2_naming_it(tmp_path, capsys):
+    path = tmp_path / "in.toml"
+    path.write_text('model = "llama-3.1-8b"\n[[machines]]\nhardware = "a100-80gb"\nregion = "paris"\n'
+                    '[wire]\nround_trips = 0\n')
+    assert cli.main(["search", str(path), "--confirm", "0"]) == 2
+    assert f"{path}: wire.round_trips:" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import re
 from testbed.core.errors import ConfigError
 
 DEFAULT_SIZES = "64..32Mi"
+DEFAULT_PING_SIZES = "64"  # the round trip of a small message: what a protocol's extra exchange costs
 LADDER_STEP = 4  # a range's sizes grow by this factor (NetPIPE steps by powers of two; x4 keeps the probe short)
 MAX_SIZE = 256 * 2 ** 20  # bytes: one message is held in memory at each end
 SUFFIXES = {"": 1, "k": 2 ** 10, "ki": 2 ** 10, "m": 2 ** 20, "mi": 2 ** 20, "g": 2 ** 30, "gi": 2 ** 30}
@@ -41,6 +42,13 @@ def parse_sizes(text: str, key: str = "--sizes") -> tuple[int, ...]:
         return tuple(dict.fromkeys([*sizes, high]))
     return tuple(sorted({parse_size(part, key) for part in text.split(",") if part.strip()} or
                         {parse_size(text, key)}))
+
+
+def parse_ping_sizes(text: str, key: str = "--ping-sizes") -> tuple[int, ...]:
+    """The ping-pong's sizes as parse_sizes reads them, or `none`: no round trips measured."""
+    if isinstance(text, str) and text.strip().lower() == "none":
+        return ()
+    return parse_sizes(text, key)
 
 
 def size_text(size: int) -> str:

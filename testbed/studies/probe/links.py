@@ -58,6 +58,15 @@ def fill_matrix(rows: Sequence) -> tuple[tuple[str, ...], tuple[tuple[float, ...
     return tuple(names), tuple(tuple(row) for row in matrix), tuple(tuple(row) for row in fills)
 
 
+def result_of(scenario: str, shaper: str, dilation: float, sizes: Sequence[int], samples: int, seconds: float,
+              rows: Sequence) -> ProbeResult:
+    """The probe's result from its links' rows: the matrix they fill and the slowest link's goodput."""
+    names, matrix, fills = fill_matrix(rows)
+    rated = [r.goodput_mbit for r in rows if r.goodput_mbit > 0]
+    return ProbeResult(scenario, shaper, dilation, tuple(sizes), samples, seconds, tuple(rows), tuple(names), matrix,
+                       fills, min(rated) if rated else 0.0)
+
+
 def toml_text(result, command: str) -> str:
     """The file: rate_mbit (the slowest link's goodput), [regions] (names, one_way_ms, source), a [[links]] per link."""
     def number(value: float) -> str:
@@ -89,7 +98,10 @@ def toml_text(result, command: str) -> str:
                   f"configured_ms = {number(r.configured_ms)}", f"configured_mbit = {number(r.configured_mbit)}",
                   f"one_way_ms = {number(r.latency_ms)}", f"one_way_ms_p99 = {number(r.latency_ms_p99)}",
                   f"one_way_ms_min = {number(r.latency_ms_min)}", f"goodput_mbit = {number(r.goodput_mbit)}",
-                  f"samples = {r.samples}",
+                  f"samples = {r.samples}", f"one_way_bound_ms = {number(r.bound_ms)}",
+                  *([f"round_trip_ms = {number(r.round_trip_ms)}",
+                     f"configured_round_trip_ms = {number(r.configured_rtt_ms)}"] if r.round_trip_ms is not None
+                    else []),
                   f"sizes_bytes = [{', '.join(str(s.size_bytes) for s in measured)}]",
                   f"sizes_one_way_ms_p50 = [{', '.join(number(s.one_way_ms_p50) for s in measured)}]",
                   f"sizes_mbit_s = [{', '.join(number(s.mbit_s) for s in measured)}]"]

@@ -34,10 +34,12 @@ import trio
 from testbed.core import clock
 from testbed.core.errors import ConfigError, PeerTimeout
 from testbed.scenario.config import Scenario
-from testbed.studies.base import log_to, make_scenario, print_tables
+from testbed.studies.base import log_to, make_scenario
 from testbed.studies.probe import links as link_table
-from testbed.studies.probe.ladder import parse_sizes, size_text
-from testbed.studies.probe.result import LinkRow, ProbeResult, SizeRow
+from testbed.studies.probe import remote
+from testbed.studies.probe.ladder import parse_ping_sizes, parse_sizes, size_text
+from testbed.studies.probe.result import LinkRow, PingRow, ProbeResult, SizeRow
+from testbed.studies.probe.tables import command_words, overrides
 
 SAMPLES = 100  # messages a size (after the first): the p99 of the smallest size is their 99th
 MIN_SAMPLES = 3  # a size's messages at least (a median), even where the budget would allow fewer
@@ -244,8 +246,10 @@ def agent_names(scenario: Scenario) -> list[str]:
 
 
 async def probe_scenario(scenario: Scenario, shaper_kind: str, sizes: Sequence[int], samples: int, budget_s: float,
-                         dilation: float, log: Callable[[str], None]) -> tuple[str, list[LinkRow]]:
-    """Set the scenario's links up on `shaper_kind` (dilated by `dilation`) and probe each: (backend, its rows)."""
+                         dilation: float, log: Callable[[str], None], ping_sizes: Sequence[int] = ()
+                         ) -> tuple[str, list[LinkRow]]:
+    """Set the scenario's links up on `shaper_kind` (dilated by `dilation`) and probe each, one-way and, at
+    `ping_sizes`, round trips: (backend, its rows)."""
     from netem.base import ShaperOptions
     from netem.select import choose_shaper
     from testbed.launch.launcher import new_run_id
@@ -257,47 +261,81 @@ async def probe_scenario(scenario: Scenario, shaper_kind: str, sizes: Sequence[i
     names = agent_names(scenario)
     rows: list[LinkRow] = []
     clk = TRIO_CLOCK if shaper.in_process else BOX_CLOCK
+    share = budget_s * dilation / len(physical.links)  # each link's, split between its one-way and round trips
+    one_way_share = share * len(sizes) / (len(sizes) + len(ping_sizes))
+    delays = {(link.src, link.dst): link.delay_ms for link in scenario.links}
     async with shaper, contextlib.AsyncExitStack() as stack:
         ends = Ends(shaper)
         listeners = {}
-        for agent in sorted({link.dst for link in physical.links}):
+        for agent in range(scenario.n_agents):  # every agent: a ping-pong's reply may come back to any
             listeners[agent] = await ends.listen(agent)
             stack.push_async_callback(listeners[agent][0].aclose)
         peers = await shaper.connect({agent: (shaper.agent_listen_host(agent), port)
                                       for agent, (_, port) in listeners.items()})
+
+        async def dial(src: int, dst: int) -> tuple[trio.abc.Stream, trio.abc.Stream]:
+            """src's connection to dst, through the link where the scenario has one, else direct; both its ends."""
+            address = peers.get((src, dst), (shaper.agent_listen_host(dst), listeners[dst][1]))
+            pair = await open_pair(ends, listeners[dst][0], src, address)
+            for stream in pair:
+                stack.push_async_callback(trio.aclose_forcefully, stream)
+            return pair
+
         for configured, link in zip(scenario.links, physical.links):
             log(f"probing {link.name} ({names[link.src]} -> {names[link.dst]}): configured {configured.delay_ms:g} ms"
                 + (f", {configured.rate_mbit:g} Mbit/s" if configured.rate_mbit else ", unlimited rate"))
-            with trio.fail_after(CONNECT_TIMEOUT_S):
-                async with trio.open_nursery() as nursery:
-                    accepted: list[trio.abc.Stream] = []
-
-                    async def accept(agent: int = link.dst) -> None:
-                        accepted.append(await listeners[agent][0].accept())
-
-                    nursery.start_soon(accept)
-                    send = await ends.connect(link.src, peers[(link.src, link.dst)])
-            stack.push_async_callback(trio.aclose_forcefully, send)
-            stack.push_async_callback(trio.aclose_forcefully, accepted[0])
-            arrivals = Arrivals(ends.receiver(accepted[0]))
+            send, accepted = await dial(link.src, link.dst)
+            arrivals = Arrivals(ends.receiver(accepted))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(arrivals.run)
-                sizes_rows = await ladder(LinkProbe(send, arrivals, clk), sizes, samples,
-                                          budget_s * dilation / len(physical.links), dilation, log)
+                sizes_rows = await ladder(LinkProbe(send, arrivals, clk), sizes, samples, one_way_share, dilation, log)
                 nursery.cancel_scope.cancel()
-            latency, p99, low, goodput = link_figures(sizes_rows)
-            rows.append(LinkRow(link.name, names[link.src], names[link.dst], configured.delay_ms,
-                                configured.rate_mbit, latency, p99, low, goodput,
-                                next(r.samples for r in sizes_rows if r.samples), tuple(sizes_rows)))
+            pings: list[PingRow] = []
+            if ping_sizes:  # a second connection on the link, its replies back on dst's own connection to src
+                send, far = await dial(link.src, link.dst)
+                back, near = await dial(link.dst, link.src)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(remote.serve_peer, ends.receiver(far), back.send_all)
+                    pings = await remote.ping_ladder(remote.PeerProbe(send, ends.receiver(near), clk), ping_sizes,
+                                                     samples, share - one_way_share, dilation, log,
+                                                     link_figures(sizes_rows)[3] * 1e6 / 8 * dilation)
+                    nursery.cancel_scope.cancel()
+            rows.append(link_row(link.name, names[link.src], names[link.dst], configured, sizes_rows, pings=pings,
+                                 configured_rtt_ms=configured.delay_ms + delays.get((link.dst, link.src), 0.0)))
     return shaper.name, rows
 
 
-def run(args: argparse.Namespace, console) -> ProbeResult:
-    sizes = parse_sizes(args.sizes)
-    samples = args.samples
+async def open_pair(ends: Ends, listener: trio.abc.Listener, src: int, address) -> tuple[trio.abc.Stream, ...]:
+    """(src's end, the listener's end) of a fresh connection to `address`."""
+    with trio.fail_after(CONNECT_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            accepted: list[trio.abc.Stream] = []
+
+            async def accept() -> None:
+                accepted.append(await listener.accept())
+
+            nursery.start_soon(accept)
+            send = await ends.connect(src, address)
+    return send, accepted[0]
+
+
+def link_row(name: str, src: str, dst: str, configured, sizes_rows: Sequence[SizeRow], **extra) -> LinkRow:
+    """A link's row from its sizes (link_figures) beside what `configured` (a LinkSpec) says."""
+    latency, p99, low, goodput = link_figures(sizes_rows)
+    return LinkRow(name, src, dst, configured.delay_ms, configured.rate_mbit, latency, p99, low, goodput,
+                   next(r.samples for r in sizes_rows if r.samples), tuple(sizes_rows), **extra)
+
+
+def checked_samples(samples) -> int:
     if not isinstance(samples, int) or isinstance(samples, bool) or not MIN_SAMPLES <= samples <= 100_000:
         raise ConfigError(f"expected a whole number of messages from {MIN_SAMPLES} to 100000, got {samples!r}",
                           key="--samples")
+    return samples
+
+
+def run(args: argparse.Namespace, console) -> ProbeResult:
+    sizes, ping_sizes = parse_sizes(args.sizes), parse_ping_sizes(args.ping_sizes)
+    samples = checked_samples(args.samples)
     if args.dilation == "auto":
         raise ConfigError("the probe measures at a stated D (default 1: the links as they are); auto has no lap to "
                           "calibrate", key="--dilation")
@@ -319,7 +357,8 @@ def run(args: argparse.Namespace, console) -> ProbeResult:
     async def main() -> tuple[str, list[LinkRow], float]:
         now = trio.current_time if is_virtual else clock.now
         begun = now()
-        backend, rows = await probe_scenario(scenario, args.shaper, sizes, samples, args.budget_s, dilation, log)
+        backend, rows = await probe_scenario(scenario, args.shaper, sizes, samples, args.budget_s, dilation, log,
+                                             ping_sizes)
         return backend, rows, (now() - begun) / dilation
 
     if is_virtual:
@@ -328,72 +367,8 @@ def run(args: argparse.Namespace, console) -> ProbeResult:
         backend, rows, seconds = virtual_time.run_sync(main)
     else:
         backend, rows, seconds = trio.run(main)
-    names, matrix, fills = link_table.fill_matrix(rows)
-    rated = [r.goodput_mbit for r in rows if r.goodput_mbit > 0]
-    result = ProbeResult(str(args.scenario), backend, dilation, sizes, samples,
-                         seconds if is_virtual else time.perf_counter() - started, tuple(rows), tuple(names),
-                         matrix, fills, min(rated) if rated else 0.0)
+    result = link_table.result_of(str(args.scenario), backend, dilation, sizes, samples,
+                                  seconds if is_virtual else time.perf_counter() - started, rows)
     if args.out:
         link_table.write(result, args.out, " ".join(["python -m testbed probe", *command_words(args)]))
     return result
-
-
-# --- printing ------------------------------------------------------------------------------------------------------
-def show(result: ProbeResult, args: argparse.Namespace, console) -> None:
-    from rich.table import Table
-
-    links = Table(title=f"probe {result.scenario} on {result.shaper}" + (f" at D {result.dilation:g}"
-                                                                          if result.dilation != 1 else "")
-                  + ": one-way latency (the zero-byte intercept of the median) and goodput, configured vs measured")
-    for col in ("link", "from -> to", "configured ms", "p50 ms", "p99 ms", "min ms", "error ms", "configured Mbit/s",
-                "goodput Mbit/s", "error %", "samples"):
-        links.add_column(col, justify="right")
-    for r in result.probe_links:
-        error = r.goodput_error_pct
-        links.add_row(r.link, f"{r.src} -> {r.dst}", f"{r.configured_ms:.3f}", f"{r.latency_ms:.3f}",
-                      f"{r.latency_ms_p99:.3f}", f"{r.latency_ms_min:.3f}", f"{r.latency_error_ms:+.3f}",
-                      f"{r.configured_mbit:g}" if r.configured_mbit else "unlimited",
-                      f"{r.goodput_mbit:.2f}" if r.goodput_mbit else "none seen",
-                      f"{error:+.2f}" if error is not None else "", str(r.samples))
-    sizes = Table(title="By message size (NetPIPE): one-way time and throughput (size / time, latency included)")
-    for col in ("link", "size", "messages", "p50 ms", "p99 ms", "min ms", "Mbit/s"):
-        sizes.add_column(col, justify="right")
-    for r in result.probe_links:
-        for s in r.sizes:
-            if s.samples:
-                sizes.add_row(r.link, size_text(s.size_bytes), str(s.samples), f"{s.one_way_ms_p50:.3f}",
-                              f"{s.one_way_ms_p99:.3f}", f"{s.one_way_ms_min:.3f}", f"{s.mbit_s:.2f}")
-            else:
-                sizes.add_row(r.link, size_text(s.size_bytes), "skipped", s.skipped, "", "", "")
-    matrix = Table(title="The region matrix written (one-way ms, row = from; * the reverse direction's figure, "
-                         "+ routed through other regions)")
-    matrix.add_column("from \\ to", justify="right")
-    for name in result.names:
-        matrix.add_column(name, justify="right")
-    mark = {"measured": "", "reverse": "*", "routed": "+", "": ""}
-    for name, row, fill in zip(result.names, result.one_way_ms, result.fills):
-        matrix.add_row(name, *(f"{v:.3f}{mark[f]}" for v, f in zip(row, fill)))
-    print_tables(console, [links, sizes, matrix])
-    log = log_to(console)
-    log(f"probed {len(result.probe_links)} links in {result.seconds:.1f} s")
-    if args.out:
-        log(f"links: {args.out} (a search file names it: regions = \"{args.out}\", relative to the search file)")
-    if args.json:
-        from testbed.studies.base import write_json
-
-        write_json(args.json, result.to_json(indent=2), console)
-
-
-def overrides(args: argparse.Namespace) -> list[str]:
-    """--set's items (the API hands one as a string)."""
-    if isinstance(args.overrides, str):
-        return [args.overrides] if args.overrides else []
-    return list(args.overrides)
-
-
-def command_words(args: argparse.Namespace) -> list[str]:
-    words = [str(args.scenario), "--shaper", args.shaper]
-    words += [f"--set {item}" for item in overrides(args)]
-    if args.dilation != 1.0:
-        words.append(f"--dilation {args.dilation:g}")
-    return words

@@ -22,6 +22,18 @@ class SizeRow(JsonRecord):
 
 
 @dataclass(frozen=True)
+class PingRow(JsonRecord):
+    """One size's ping-pongs on one link (NetPIPE's own mode: a message and a reply of its size): round trips, ms."""
+
+    size_bytes: int
+    samples: int  # 0: skipped (see `skipped`)
+    rtt_ms_p50: float = 0.0
+    rtt_ms_p99: float = 0.0
+    rtt_ms_min: float = 0.0
+    skipped: str = ""
+
+
+@dataclass(frozen=True)
 class LinkRow(JsonRecord):
     """One directed link: what the scenario configured, and what came back."""
 
@@ -36,6 +48,17 @@ class LinkRow(JsonRecord):
     goodput_mbit: float  # payload Mbit/s, the slope from the smallest size to the largest (0: no rate showed)
     samples: int  # at the smallest size
     sizes: tuple[SizeRow, ...]
+    # the one-way figures' error bound, ms: 0 where both ends read one clock; across hosts, the clock offset's
+    # (remote.offset_hull: half the smallest clock-probe round trip, widened by any drift over the link)
+    bound_ms: float = 0.0
+    # the reply's way back: the scenario's link dst -> src where it has one, else the path as it is (0 configured)
+    configured_rtt_ms: float = 0.0
+    pings: tuple[PingRow, ...] = ()  # round trips by size (empty: none measured)
+
+    @property
+    def round_trip_ms(self) -> float | None:
+        """The smallest measured size's median round trip (None: no ping-pong)."""
+        return next((p.rtt_ms_p50 for p in self.pings if p.samples), None)
 
     @property
     def latency_error_ms(self) -> float:

@@ -5,6 +5,8 @@ states them, checked (every error names its key):
     codecs = ["f32", "int8-block"]  # the codecs tried on every hop (testbed.core.decode.CODECS; default ["f32"])
     block = 64                       # int8-block: values per absmax scale
     codec_gb_s = 0                   # encode and decode throughput of a codec other than f32, GB/s (0: free)
+    round_trips = 1                  # round trips a token costs on every hop (a stack whose protocol waits for
+                                     # replies: llama.cpp's RPC before its PR #12943)
     [placement]
     kv = ["local", "ship"]           # KV kept on its stage (the law), or shipped each step to the successor
     parallel = ["pp", "tp"]          # also try the machines of one kind in one region as one tensor-parallel stage
@@ -13,7 +15,8 @@ states them, checked (every error names its key):
     gbit_s = 100
 
 and what they cost: the bytes a hop carries under a codec and with shipped KV, a codec's encode and decode time,
-and a tensor-parallel group's all-reduces over the LAN (physics.tp_token_s on a uniform ring, in closed form).
+a tensor-parallel group's all-reduces over the LAN (physics.tp_token_s on a uniform ring, in closed form), and the
+round trips a hop's protocol makes (hop_delays).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from testbed.core.decode import CODECS, KV_PLACEMENTS, MAX_BLOCK
 from testbed.core.errors import ConfigError
 from testbed.scenario.validate import check_keys, number
 
-WIRE_KEYS = {"codecs", "block", "codec_gb_s"}
+WIRE_KEYS = {"codecs", "block", "codec_gb_s", "round_trips"}
+MAX_ROUND_TRIPS = 64
 PLACEMENT_KEYS = {"kv", "parallel"}
 LAN_KEYS = {"one_way_ms", "gbit_s"}
 PARALLEL = ("pp", "tp")  # a stage a machine; or the machines of one kind in one region as one TP group
@@ -40,10 +44,18 @@ class Dims:
     codecs: tuple[str, ...] = ("f32",)  # in CODECS' order (f32 first: a codec that gives its bytes is f32)
     block: int = 64
     codec_gb_s: float = 0.0  # 0: encoding and decoding are free (as the virtual runs price them)
+    round_trips: int = 1  # exchanges a token's hop waits out (1: the frame one way, the ring's own)
     kv: tuple[str, ...] = ("local",)
     parallel: tuple[str, ...] = ("pp",)
     lan_ms: float = LAN_MS
     lan_gbit_s: float = LAN_GBIT_S
+
+    @property
+    def hop_delays(self) -> int:
+        """One-way delays a hop costs a token: a protocol that makes n round trips on a hop waits out n - 1 request
+        and reply exchanges (2 one-way delays each) beside the frame's own way: 2n - 1 (1 for the ring's one frame).
+        The exchanges' messages are small: only the frame's bytes are serialized at the link's rate."""
+        return 2 * self.round_trips - 1
 
     @property
     def tp(self) -> bool:
@@ -81,6 +93,8 @@ def dims_from_dict(raw: dict[str, Any], source: str) -> Dims:
     return Dims(codecs=_choices(wire, "codecs", ("f32",), CODECS, source, "wire"),
                 block=number(wire, "block", 64, source, "wire", minimum=1, maximum=MAX_BLOCK, integer=True),
                 codec_gb_s=number(wire, "codec_gb_s", 0.0, source, "wire", maximum=1e6),
+                round_trips=number(wire, "round_trips", 1, source, "wire", minimum=1, maximum=MAX_ROUND_TRIPS,
+                                   integer=True),
                 kv=_choices(placement, "kv", ("local",), KV_PLACEMENTS, source, "placement"), parallel=parallel,
                 lan_ms=number(lan, "one_way_ms", LAN_MS, source, "lan", maximum=60_000),
                 lan_gbit_s=number(lan, "gbit_s", LAN_GBIT_S, source, "lan", minimum=1e-6, maximum=1e6))

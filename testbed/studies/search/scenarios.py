@@ -47,7 +47,7 @@ def build(spec: SearchSpec, c: Candidate, space: Space, name: str = "search", wo
         "model": "target" if len(c.stages) <= 6 else "target-deep",
         "geometry": {"preset": spec.model.name},
         "regions": {"names": names, "source": spec.matrix.source,
-                    "one_way_ms": [[spec.matrix.ms(a, b) for b in names] for a in names]},
+                    "one_way_ms": [[spec.dims.hop_delays * spec.matrix.ms(a, b) for b in names] for a in names]},
         "stages": [{"name": f"s{i}-{m.name}", "region": m.region, "compute_ms": 1.0} for i, m in enumerate(machines)],
         "network": {"rate_mbit": spec.rate_mbit} if spec.rate_mbit else {},
         "decode": decode, **({"workload": workload} if workload is not None else {}),

@@ -29,6 +29,8 @@ side: a region entered twice would pay its way in and out twice), the layer spli
   roofline is its layers on all its devices, plus two ring all-reduces a layer over the [lan] link (dims.allreduce_s,
   physics.tp_token_s in closed form); it holds its layers' weights and KV split over its machines, the entry's
   extras on each. A PP hop between two machines of a region keeps the matrix's diagonal (0 ms) at rate_mbit.
+- Round trips ([wire] round_trips = n): a hop whose protocol waits out n round trips waits 2n - 1 one-way delays
+  (dims.Dims.hop_delays), so T_ring becomes (2n - 1) T_ring; the bytes are serialized once.
 """
 
 from __future__ import annotations
@@ -213,11 +215,13 @@ class Space:
 
     # --- the closed forms ------------------------------------------------------------------------------------
     def hops_s(self, stages: tuple[int, ...]) -> list[float]:
+        """Each hop's wait on its link: its one-way delay, 2n - 1 times where its protocol makes n round trips."""
         regions = [self.spec.machines[g].region for g in stages]
         n = len(regions)
         if n == 1:
             return []
-        return [self.spec.matrix.ms(regions[i], regions[(i + 1) % n]) / 1e3 for i in range(n)]
+        each = self.spec.dims.hop_delays
+        return [each * self.spec.matrix.ms(regions[i], regions[(i + 1) % n]) / 1e3 for i in range(n)]
 
     def hop_bytes(self, layers: tuple[int, ...], n_positions: int, wire: tuple[str, str] = ("f32", "local")
                   ) -> list[int]:

@@ -26,7 +26,8 @@ percentile that must meet it), streams (the cap), requests (the run predicted) a
 
 [wire] (codecs, block, codec_gb_s), [placement] (kv, parallel) and [lan] (one_way_ms, gbit_s) add the codec, KV
 local or shipped and TP groups inside a region as dimensions (testbed/studies/search/dims.py); a [workload] streams
-list makes the batch cap one.
+list makes the batch cap one. [wire] round_trips (default 1) prices a stack whose protocol makes several round trips
+a hop: 2n - 1 one-way delays on every hop of the lap.
 
 [published] names a deployment someone measured (../shared/PUBLISHED.md): every machine of the file, in the file's
 order (the first is the entry), split as the published system splits (`even`, or `memory`: exo's layers by memory
