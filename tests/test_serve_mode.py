@@ -309,3 +309,33 @@ def test_speculation_while_serving_keeps_every_token_and_laps_at_its_closed_form
     assert light.serve.wall_tpot_ms == pytest.approx(lap_s / light.serve.tokens_per_lap * 1e3, rel=EXACT)
     with pytest.raises(ConfigError, match="decode.speculate"):
         spec_serving(-1, rate=1.0)
+
+
+def spec_geo_scenario(**workload):
+    """The geo ring's stages (1 ms per extra request) speculating at K 3 with a calibrated draft of alpha 0.7: every
+    request's acceptance draws are keyed by its index and position, so its laps are the same at every load."""
+    return scenario_from_dict({"stages": [{"name": f"s{i}", "compute_ms": STAGE_MS, "per_token_ms": 1.0}
+                                          for i in range(3)],
+                               "network": {"hops_ms": list(GEO_HOPS_MS)},
+                               "decode": {"mode": "serve", "streams": 16, "speculate": 3, "draft": "calibrated",
+                                          "alpha": 0.7, "draft_ms": 2.0},
+                               "workload": {"prompt_tokens": 16, "output_tokens": 24, "requests": 12, "seed": 5,
+                                            **workload}}, "<test>")
+
+
+@pytest.mark.parametrize("share", [0.3, 0.6])
+def test_the_queueing_model_predicts_a_speculating_run_within_5_percent_below_the_knee(share):
+    """decode.speculate = 3 on the geo ring at 30% and 60% of the model's knee (Gamma from the stated alpha,
+    queueing.lap_law): the summary's prediction (each request's own laps at the lap K c_d + C(K + 1) + T_ring +
+    P (b - 1), its TPOT its laps' time over its tokens) against the run's p50 TTFT and TPOT."""
+    from agents.modes.serve.queueing import knee_rate
+    from agents.modes.serve.summary import ring_model
+
+    model = ring_model(spec_geo_scenario(rate=1.0))
+    assert 2.2 < model.tokens_per_lap < 2.6  # 23 tokens at Gamma(0.7, 3) = 2.53 a lap, the last lap's surplus dropped
+    summary, _, _ = served(spec_geo_scenario(rate=share * knee_rate(model, 16, 24)))
+    measured, predicted = summary.serve.measured, summary.serve.predicted
+    assert measured.completed == 12 and (share > 0.5 or predicted.regime == "below the knee")  # 12 draws
+    assert predicted.median_tpot_ms < (model.lap_s(1) * 1e3) * 0.6  # a lap over Gamma: well under the plain wall
+    for name in ("median_ttft_ms", "median_tpot_ms"):
+        assert getattr(predicted, name) == pytest.approx(getattr(measured, name), rel=0.05), name

@@ -12,7 +12,8 @@ from collections import deque
 import numpy as np
 import pytest
 
-from agents.modes.serve.queueing import (Prediction, RingModel, knee_rate, predict, saturation_output_tok_s)
+from agents.modes.serve.queueing import (Prediction, RingModel, drawn_laps, knee_rate, lap_law, mean_laps, predict,
+                                         saturation_output_tok_s)
 from agents.modes.serve.requests import RequestRecord, RequestSpec
 from agents.modes.serve.slo import ServingMetrics, serving_metrics
 from agents.modes.serve.workload import WorkloadSpec, generate
@@ -265,3 +266,75 @@ def test_a_bad_model_is_refused():
             dataclasses.replace(GEO, **bad)
     with pytest.raises(ValueError, match="no requests"):
         predict(GEO, [])
+
+
+# --- speculation while serving: Gamma tokens a lap -------------------------------------------------------------
+
+SPEC = dataclasses.replace(GEO, compute_s=0.045, per_token_s=0.004, tokens_per_lap=2.5)  # K 3: 4 positions a request
+
+
+def test_a_speculating_request_alone_decodes_at_its_lap_over_gamma():
+    """Alone: TTFT f, TPOT L(1) / Gamma, E2EL f + (n - 1) L(1) / Gamma; the knee is the plain ring's at (n - 1) /
+    Gamma decode laps, the streams ceiling c Gamma / L(c)."""
+    alone = predict(SPEC, [RequestSpec(index=0, arrival_s=0.0, prompt_tokens=PROMPT, output_tokens=OUTPUT)])
+    assert alone.median_tpot_ms == pytest.approx(SPEC.lap_s(1) / 2.5 * 1e3, rel=1e-12)
+    assert alone.median_e2el_ms == pytest.approx((0.3 + 127 * SPEC.lap_s(1) / 2.5) * 1e3, rel=1e-12)
+    assert SPEC.decode_laps(OUTPUT) == pytest.approx(127 / 2.5)
+    plain = dataclasses.replace(SPEC, tokens_per_lap=1.0)
+    assert knee_rate(SPEC, PROMPT, OUTPUT) == pytest.approx(knee_rate(plain, PROMPT, 1 + 127 / 2.5), rel=1e-12)
+    assert saturation_output_tok_s(SPEC) == pytest.approx(64 * 2.5 / SPEC.lap_s(64), rel=1e-12)
+    with pytest.raises(ValueError, match="tokens_per_lap"):
+        dataclasses.replace(GEO, tokens_per_lap=0.5)
+    with pytest.raises(ValueError, match="laps"):
+        predict(SPEC, [RequestSpec(0, 0.0, PROMPT, OUTPUT)], laps=[0.0])
+
+
+def brute_law(tokens: int, alpha: float, k: int) -> dict[int, float]:
+    """The laps to keep `tokens` tokens, by enumerating every lap's outcome (j drafts accepted, then one more)."""
+    out: dict[int, float] = {}
+
+    def walk(kept: int, laps: int, p: float) -> None:
+        if kept >= tokens:
+            out[laps] = out.get(laps, 0.0) + p
+            return
+        for j in range(k + 1):
+            walk(kept + j + 1, laps + 1, p * (alpha ** j * (1 - alpha) if j < k else alpha ** k))
+
+    walk(0, 0, 1.0)
+    return out
+
+
+def test_the_lap_law_is_the_acceptance_counted_lap_by_lap():
+    """lap_law against every path of the acceptance; a long output's mean laps tend to tokens / Gamma(alpha, K); a
+    draft never accepted decodes a token a lap, one always accepted K + 1."""
+    for tokens, alpha, k in ((2, 0.6, 1), (7, 0.7, 3), (9, 0.5, 2)):
+        law = lap_law(tokens, alpha, k)
+        assert sum(law) == pytest.approx(1.0, abs=1e-12)
+        assert {n: p for n, p in enumerate(law) if p > 1e-15} == pytest.approx(brute_law(tokens, alpha, k), abs=1e-12)
+    assert lap_law(2, 0.6, 1) == pytest.approx((0.0, 0.6, 0.4))
+    gamma = (1 - 0.7 ** 5) / 0.3
+    assert mean_laps(2000, 0.7, 4) == pytest.approx(2000 / gamma, rel=0.002)
+    assert mean_laps(11, 0.7, 4) > 11 / gamma * 1.1  # a short output: the last lap's surplus is dropped
+    assert mean_laps(10, 0.0, 4) == 10 and mean_laps(10, 1.0, 4) == 2
+    drawn = drawn_laps([RequestSpec(i, 0.0, 8, 32) for i in range(400)], 0.7, 4, seed=3)
+    assert drawn.mean() == pytest.approx(mean_laps(31, 0.7, 4), rel=0.01) and drawn.std() > 1.0
+
+
+@pytest.mark.parametrize("share", [0.3, 0.8])
+def test_a_speculating_ring_is_within_5_percent_of_the_simulation(share):
+    """Each request keeps Gamma tokens a lap on average (alpha 0.7, K 3) and its own laps are drawn from the law: the
+    simulated policy runs each request for its laps (one lap, one step), and its TPOT is its decode over its tokens.
+    The model with the same laps is within 5% at p50 and p90; the mean laps alone ((n - 1) / Gamma for every
+    request) miss the p90 TPOT, the requests that needed more laps."""
+    model = dataclasses.replace(SPEC, tokens_per_lap=31 / mean_laps(31, 0.7, 3))
+    requests = workload(share * knee_rate(model, PROMPT, 32), count=600, seed=4, output_tokens=32)
+    laps = drawn_laps(requests, 0.7, 3, seed=4)
+    lapped = [dataclasses.replace(r, output_tokens=1 + int(n)) for r, n in zip(requests, laps)]
+    records = simulate(model, lapped)
+    ttft = np.array([r.first_token - r.arrival for r in records]) * 1e3
+    tpot = np.array([r.finished - r.first_token for r in records]) / 31 * 1e3
+    predicted = predict(model, requests, laps=laps)
+    for stat, q in (("median", 50), ("p90", 90)):
+        assert getattr(predicted, f"{stat}_ttft_ms") == pytest.approx(np.percentile(ttft, q), rel=TOLERANCE)
+        assert getattr(predicted, f"{stat}_tpot_ms") == pytest.approx(np.percentile(tpot, q), rel=TOLERANCE)
+    assert predict(model, requests).p90_tpot_ms < np.percentile(tpot, 90) * (1 - TOLERANCE)

@@ -7,8 +7,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from agents.modes.serve.facts import Prediction, ServeLap, ServeSummary
-from agents.modes.serve.queueing import RingModel, predict
+from agents.modes.serve.facts import ServeLap, ServeSummary
+from agents.modes.serve.queueing import RingModel, mean_laps, predict, saturation_output_tok_s
 from agents.modes.serve.requests import RequestRecord, RequestSpec
 from agents.modes.serve.settings import ServeSettings, ServeSpecSettings
 from agents.modes.serve.slo import serving_metrics
@@ -82,15 +82,20 @@ def ring_model(scenario: Scenario) -> RingModel:
     """The queueing model's ring: C and P summed over the stages, T_ring, the cap, the solo TTFT of a prompt. A stage's
     C is its pass over one stream and P what one more stream adds (StageConfig.cost_ms: compute_ms and per_token_ms,
     or the roofline's at the workload's mean context, prompt and half its output). Under decode.speculate a lap is
-    the K drafts (K c_d, one batched pass each) and the stages' passes over K + 1 positions."""
+    the K drafts (K c_d, one batched pass each) and the stages' passes over K + 1 positions, and Gamma the tokens a
+    lap of the workload's mean request: a calibrated draft's from its stated alpha (queueing.lap_law, the last lap's
+    surplus dropped), else 1 until measured (summarize_records puts the run's own)."""
     k = scenario.decode.settings(ServeSpecSettings).speculate
     settings = scenario.decode.settings(ServeSettings)
     context = settings.prompt_tokens + settings.output_tokens // 2
     one = sum(st.cost_ms(k + 1, 1, context) for st in scenario.stages) / 1e3
     two = sum(st.cost_ms(k + 1, 2, context) for st in scenario.stages) / 1e3
+    gamma, tokens = 1.0, settings.output_tokens - 1
+    if k and scenario.decode.draft == "calibrated" and tokens > 0:
+        gamma = tokens / mean_laps(tokens, scenario.decode.alpha, k)
     return RingModel(compute_s=one + k * scenario.decode.draft_ms / 1e3, per_token_s=two - one,
                      t_ring_s=scenario.t_ring_s, cap=cap_of(scenario),
-                     ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens))
+                     ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens), tokens_per_lap=gamma)
 
 
 def describe(settings: ServeSettings, cap: int) -> str:
@@ -115,18 +120,22 @@ def summarize_records(records: Sequence[RequestRecord], scenario: Scenario, runn
     settings = scenario.decode.settings(ServeSettings)
     measured = serving_metrics(records, settings.goodput_targets())
     model = ring_model(scenario)
-    gamma = tokens_per_lap(records) if scenario.decode.settings(ServeSpecSettings).speculate else 1.0
+    speculating = bool(scenario.decode.settings(ServeSpecSettings).speculate)
+    gamma = tokens_per_lap(records) if speculating else 1.0
+    model = dataclasses.replace(model, tokens_per_lap=gamma)
     origin = min(r.arrival for r in records)
-    specs = [RequestSpec(r.index, r.arrival - origin, max(1, r.prompt_tokens), max(1, r.output_tokens))
-             for r in records if r.completed]
+    done = [r for r in records if r.completed]
+    specs = [RequestSpec(r.index, r.arrival - origin, max(1, r.prompt_tokens), max(1, r.output_tokens)) for r in done]
     prediction = None
-    if specs:  # the requests as they ran: their arrivals (their own rate and burstiness), lengths clipped to the context
-        prediction = predict(model, specs) if gamma == 1.0 else predict_speculating(model, specs, gamma)
+    if specs:  # the requests as they ran: their arrivals (their own rate and burstiness), lengths clipped to the
+        # context and, speculating, their own laps (the acceptance's draws, keyed by request and position as its
+        # lengths are by the seed: the same whatever the load)
+        prediction = predict(model, specs, laps=[decode_laps(r) for r in done] if speculating else None)
     mean_prompt = round(sum(r.prompt_tokens for r in records) / len(records))
     return ServeSummary(
         workload=describe(settings, model.cap), cap=model.cap, measured=measured,
         wall_tpot_ms=model.lap_s(1) / gamma * 1e3, light_ttft_ms=prefill_s(scenario, max(1, mean_prompt)) * 1e3,
-        ceiling_tok_s=model.cap * gamma / model.lap_s(model.cap), tokens_per_lap=gamma,
+        ceiling_tok_s=saturation_output_tok_s(model), tokens_per_lap=gamma,
         predicted=prediction,
         records=tuple(records), running=running, waiting=waiting, kv_positions=scenario.kv_positions)
 
@@ -137,21 +146,13 @@ def tokens_per_lap(records: Sequence[RequestRecord]) -> float:
     tokens = laps = 0
     for r in records:
         tokens += max(0, len(r.token_times) - 1)
-        laps += len(set(r.token_times[1:]))
+        laps += decode_laps(r)
     return tokens / laps if laps else 1.0
 
 
-def predict_speculating(model: RingModel, specs: Sequence[RequestSpec], gamma: float) -> Prediction:
-    """The queueing model with Gamma tokens a lap: a request of n outputs rides the convoy (n - 1) / Gamma laps (the
-    nearest whole number), so the model runs on those laps; a token's TPOT is a lap over Gamma, and the output rates
-    count tokens."""
-    laps = [dataclasses.replace(s, output_tokens=1 + round((s.output_tokens - 1) / gamma)) for s in specs]
-    p = predict(model, laps)
-    mean_output = sum(s.output_tokens for s in specs) / len(specs)
-    return dataclasses.replace(p, **{f"{stat}_tpot_ms": getattr(p, f"{stat}_tpot_ms") / gamma
-                                     for stat in ("mean", "median", "p90", "p99")},
-                               output_throughput=p.request_throughput * mean_output,
-                               saturation_output_tok_s=p.saturation_output_tok_s * gamma)
+def decode_laps(record: RequestRecord) -> int:
+    """The laps a request decoded in after its first token: its later tokens' distinct times."""
+    return len(set(record.token_times[1:]))
 
 
 def summarize(laps: Sequence[LapRecord], scenario: Scenario) -> ServeSummary | None:
