@@ -54,3 +54,34 @@ def test_shards_cross_the_relay_whole_and_no_faster_than_their_links(tmp_path):
         sizes = [(origin / name).stat().st_size for name in names]
         floor = predict_node_s(routes[node.node], sizes, 4, "tuned", False, manifest_bytes, manifest.CHUNK_BYTES)
         assert node.seconds > 0.97 * floor, (node.node, node.seconds, floor)
+
+
+@pytest.mark.fidelity
+def test_the_ring_serves_from_the_shards_its_nodes_fetched_and_decodes_as_the_local_run():
+    """[weights] on the relay: each stage's shard of the byte model crosses its link from the origin, verified, and
+    its agent serves from it (agents.weights.stages: exactly its tensors); the greedy text is the local run's (the
+    model's own weights on the virtual backend), and the fetched files are gone once the run ends."""
+    import re
+    from pathlib import Path
+
+    from testbed.launch.launcher import run_scenario
+    from testbed.scenario.config import scenario_from_dict
+    from tests.ringutil import RUN_TIMEOUT_S, run
+
+    regions = {"names": ["a", "b", "c"], "one_way_ms": [[0.0, 2.0, 3.0], [2.0, 0.0, 2.0], [3.0, 2.0, 0.0]]}
+    raw = {"name": "weights-serve", "model": "target", "regions": regions, "decode": {"tokens": 6},
+           "stages": [{"name": name, "region": name, "compute_ms": 1.0} for name in "abc"]}
+    local = run(scenario_from_dict(raw))
+    lines: list[str] = []
+
+    async def served():
+        with trio.fail_after(RUN_TIMEOUT_S):
+            return await run_scenario(scenario_from_dict(raw | {"weights": {"origin": "b"}}), "userspace",
+                                      log=lines.append)
+
+    summary = trio.run(served)
+    assert summary.extra["weights"]["how"] == "measured" and len(local.text) > 0
+    assert summary.text == local.text, (summary.text, local.text)
+    kept = [re.search(r"under (\S+) until the run ends", line) for line in lines]
+    scratch = Path(next(m for m in kept if m).group(1))
+    assert scratch.name.startswith("geo-ring-weights-") and not scratch.exists()

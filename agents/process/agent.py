@@ -144,8 +144,10 @@ def build_ring(spec: AgentSpec, control: Control, transport: Transport, clock: C
 
     torch.set_num_threads(spec.threads)
     plan = StagePlan(spec.stage, spec.n_stages, spec.first_layer, spec.last_layer)
-    # a checkpoint loads this agent's share only: its layers, and the embeddings and head where it uses them
-    model = shared_model(spec.model, (spec.first_layer, spec.last_layer, plan.is_entry or spec.is_head or spec.head_on_last))
+    # a checkpoint loads this agent's share only: its layers, and the embeddings and head where it uses them; with
+    # [weights], from the shard its node fetched, verified again first
+    model = shared_model(spec.model, (spec.first_layer, spec.last_layer, plan.is_entry or spec.is_head or spec.head_on_last),
+                         spec.weights)
     ring = RingClient(PipelineStage(model, plan, tree_slots=spec.tree_slots), spec, report=control.send, clock=clock,
                       log=say, transport=transport)
     if spec.head_on_last:  # what this last stage returns instead of its hidden state: the mode's runner says

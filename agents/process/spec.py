@@ -40,3 +40,4 @@ class AgentSpec(JsonRecord):
     tree_slots: int = 0  # cache slots beyond the positions, for a token tree's nodes (the launcher, from ModeInfo)
     kv_positions: int = 0  # Scenario.kv_positions: K and V positions the ring holds at once (0: no budget)
     warm_windows: bool = False  # the links are kernel TCP over the delay (Shaper.warm_windows): warm them first
+    weights: str = ""  # [weights] on real bytes: the directory of this stage's verified shard; "": the model's own

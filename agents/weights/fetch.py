@@ -24,6 +24,7 @@ from typing import Callable
 import httpx2
 import trio
 
+from agents.weights import verified
 from agents.weights.manifest import FileEntry, parse
 
 ATTEMPTS = 3
@@ -167,9 +168,9 @@ async def fetch_file(client: httpx2.AsyncClient, entry: FileEntry, dest: Path, *
 async def fetch(base_url: str, dest: Path, names: list[str] | None = None, *, streams: int = 8,
                 tamper: Callable[[str, int, bytes], bytes] | None = None,
                 began: list[float] | None = None) -> list[FetchReport]:
-    """Fetch `names` (default: every file of the origin's manifest) into `dest`, one file after another; `began`
-    gets the moment the first request left (the client's own set-up, its TLS context among it, is not the
-    network's)."""
+    """Fetch `names` (default: every file of the origin's manifest) into `dest`, one file after another, and add
+    them to dest's record of verified files (agents.weights.verified); `began` gets the moment the first request
+    left (the client's own set-up, its TLS context among it, is not the network's)."""
     dest.mkdir(parents=True, exist_ok=True)
     limits = httpx2.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx2.AsyncClient(base_url=base_url, limits=limits, timeout=READ_TIMEOUT_S) as client:
@@ -181,8 +182,10 @@ async def fetch(base_url: str, dest: Path, names: list[str] | None = None, *, st
         unknown = sorted(set(names or ()) - set(entries))
         if unknown:
             raise FetchError(f"the origin has no {', '.join(unknown)}")
-        return [await fetch_file(client, entries[name], dest, streams=streams, tamper=tamper)
-                for name in (names or list(entries))]
+        wanted = names or list(entries)
+        reports = [await fetch_file(client, entries[name], dest, streams=streams, tamper=tamper) for name in wanted]
+    verified.record(dest, [entries[name] for name in wanted])  # what an agent re-checks before it loads them
+    return reports
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 `GET /manifest.json` is the manifest (agents.weights.manifest); `GET /files/NAME` is the file, and a `Range` header
 gets that range (Starlette's FileResponse: 206 with Content-Range). `serve_origin(root)` runs until cancelled and
 reports its bound (host, port); `python -m agents.weights.origin ROOT` is the same as a process (it prints
-`{"port": P}` once listening and warm), for a backend whose nodes live in network namespaces.
+`{"port": P}` once listening and warm; with --until-eof it stops when its stdin closes), for a backend whose nodes
+live in network namespaces.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -61,22 +63,28 @@ async def warm(port: int, root: Path) -> None:
             await client.get(f"/files/{first}", headers={"Range": "bytes=0-0"})
 
 
-async def _main(root: Path, host: str) -> None:
+async def _main(root: Path, host: str, until_eof: bool) -> None:
     async with trio.open_nursery() as nursery:
         _, port = await nursery.start(partial(serve_origin, root, host=host))
         await warm(port, root)
         print(json.dumps({"port": port}), flush=True)
+        if until_eof:
+            stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+            while await stdin.receive_some():
+                pass
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.weights.origin", description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--until-eof", action="store_true", help="stop when stdin closes (how a launcher stops it)")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
     try:
-        trio.run(_main, args.root, args.host)
+        trio.run(_main, args.root, args.host, args.until_eof)
     except KeyboardInterrupt:
         pass
     return 0

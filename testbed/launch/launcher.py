@@ -59,6 +59,7 @@ class Launcher:
         self.echo_agent_stderr = echo_agent_stderr
         self.agents: list[AgentHandle] = []
         self.listen: dict[int, tuple[str, int]] = {}  # each agent's listener, once known
+        self.stage_weights: tuple[str, ...] = ()  # [weights] on real bytes: each stage's verified shard (its spec's)
         self.events_send, self.events = trio.open_memory_channel[tuple[int, dict]](1024)
         self.clock = shaper.clock  # the box's, or simulated time (netem.virtual)
         if shaper.in_process:  # simulated: the run log's readers (another thread) see its last moment
@@ -77,7 +78,8 @@ class Launcher:
                             roofline=st.roofline, kv_ship=sc.placement.kv == "ship", is_head=st.is_head, tp=sc.tp,
                             head_on_last=sc.placement.head == "last" and i == sc.n_stages - 1,
                             lap_timeout_s=sc.lap_timeout_s, every_agent=mode.every_agent, tree_slots=tree_slots,
-                            kv_positions=sc.kv_positions, warm_windows=self.shaper.warm_windows)
+                            kv_positions=sc.kv_positions, warm_windows=self.shaper.warm_windows,
+                            weights=self.stage_weights[i] if self.stage_weights else "")
                   for i, (st, (first, last)) in enumerate(zip(sc.stages, ranges))]
         edges = [AgentSpec(stage=i, n_stages=sc.n_stages, name=f"edge{i - sc.n_stages}", first_layer=0, last_layer=0,
                            compute_ms=0.0, decode=sc.decode, runner=mode.runner_path("EdgeClient"), model=sc.model,
@@ -248,14 +250,16 @@ class Launcher:
         the simulated tokens it made per wall second (summarize.simulated_rate).
         """
         await self._train_once()
-        self.runlog.weights = await first_phase(self.scenario, self.shaper, self.dilation.factor, self.log)
-        if not self.shaper.in_process:
-            await self._run()
-            return summarize(self.runlog)
-        from testbed.core import virtual_time
+        # [weights] first; on real bytes its fetched shards stay until the agents are gone (first_phase removes them)
+        async with first_phase(self.scenario, self.shaper, self.dilation.factor, self.log) as (phase, dirs):
+            self.runlog.weights, self.stage_weights = phase, dirs
+            if not self.shaper.in_process:
+                await self._run()
+                return summarize(self.runlog)
+            from testbed.core import virtual_time
 
-        started = time.perf_counter()
-        await virtual_time.run(self._run)
+            started = time.perf_counter()
+            await virtual_time.run(self._run)
         summary = summarize(self.runlog)
         first, last = self.runlog.span
         self.log(simulated_rate(summary, time.perf_counter() - started, last - first if last >= first else None))

@@ -14,22 +14,22 @@ weights study's simulation.
 bytes under each transport).
 
 A scenario's [weights] (testbed.scenario.weights) makes this a run's first phase (first_phase, before the agents
-start): on simulated time each stage's time to ready is the weights study's closed form (predict_ring_s), on the
-relay or netem the scenario's model cut by stage crosses the links as real bytes (measured_phase).
+start): on simulated time each stage's time to ready is the weights study's closed form (predict_ring_s), and the
+agents load the model's own weights; on the relay or netem the scenario's model cut by stage crosses the links as
+real bytes (measured_phase), and each stage's agent serves from what its node fetched and verified
+(testbed.launch.weights_dirs), kept until the run ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -46,6 +46,7 @@ from testbed.core.jsonrecord import JsonRecord
 from testbed.core.process import stop_process
 from testbed.core.records import LOSS_RTO_MS, LinkSpec, mbit_to_bytes_s
 from testbed.deploy.rules import StageShare, emulated_split, resident_bytes
+from testbed.launch.weights_dirs import Fetched, stage_dirs
 from testbed.scenario.config import Scenario
 
 START_TIMEOUT_S = 120.0  # a process importing trio, starlette and hypercorn inside user-mode-linux: tens of seconds
@@ -175,7 +176,7 @@ async def distribute(routes: list[Route], files: list[list[str]], origin_root: P
     python = [sys.executable, "-m"]
     async with shaper, contextlib.AsyncExitStack() as stack:
         _, said = await _start(stack, [*shaper.agent_command_prefix(origin), *python, "agents.weights.origin",
-                                       str(origin_root), "--host", shaper.agent_listen_host(origin)])
+                                       str(origin_root), "--host", shaper.agent_listen_host(origin), "--until-eof"])
         port = (await _line(said, START_TIMEOUT_S, "the origin"))["port"]
         listen = {i: ("127.0.0.1", 9) for i in range(origin)} | {origin: (shaper.agent_listen_host(origin), port)}
         peers = await shaper.connect(listen)  # nodes listen on nothing: the links towards them carry answers only
@@ -199,9 +200,6 @@ async def distribute(routes: list[Route], files: list[list[str]], origin_root: P
 
 
 # --- [weights]: the run's first phase ----------------------------------------------------------------------------
-
-BYTE_MODEL_EXTRAS = ("transformer.wte.", "transformer.wpe.", "transformer.ln_f.", "lm_head.")  # the entry's
-
 
 @dataclass(frozen=True)
 class WeightsPhase(JsonRecord):
@@ -284,103 +282,83 @@ def modelled_phase(scenario: Scenario, backend: str) -> WeightsPhase:
                         tuple(st.name for st in scenario.stages), tuple(sizes), predicted, predicted)
 
 
+def stage_extras(scenario: Scenario) -> list[bool]:
+    """The stages that also load the embeddings, the final norm and the head, as the launcher's agents do: the
+    entry, a separate head, and a last stage that samples (placement.head = "last")."""
+    last = scenario.n_stages - 1
+    return [i == 0 or st.is_head or (scenario.placement.head == "last" and i == last)
+            for i, st in enumerate(scenario.stages)]
+
+
 def checkpoint_spans(scenario: Scenario) -> list[list[tuple[Path, str, int]]]:
-    """Per stage, the (file, tensor, bytes) it loads of the scenario's model: a Hugging Face checkpoint's
-    stage_tensors, or the shipped byte model's layers (and on the entry its embeddings, final norm and head)."""
-    from agents import zoo
-    from agents.hf.checkpoint import Checkpoint, is_hf
-    from agents.zoo.configs import NULL_PREFIX, model_config
+    """Per stage, the (file, tensor, bytes) it loads of the scenario's model (agents.weights.stages.stage_spans)."""
+    from agents.weights.stages import stage_spans
+    from agents.zoo.configs import model_config
 
     ranges = scenario.layer_ranges(model_config(scenario.model).n_layer)
-    if is_hf(scenario.model):
-        checkpoint = Checkpoint.open(scenario.model)
-        wanted = [checkpoint.stage_tensors(first, last, entry=i == 0) for i, (first, last) in enumerate(ranges)]
-        return [[(path, key, _tensor_span(path, key)[1]) for path, key in w.values()] for w in wanted]
-    path = Path(zoo.__file__).parent / "weights" / f"{scenario.model.removeprefix(NULL_PREFIX)}.safetensors"
-    names = sorted(_safetensors_header(path)[0])
-    out = []
-    for i, (first, last) in enumerate(ranges):
-        prefixes = (*(f"transformer.h.{n}." for n in range(first, last)), *(BYTE_MODEL_EXTRAS if i == 0 else ()))
-        out.append([(path, name, _tensor_span(path, name)[1]) for name in names if name.startswith(prefixes)])
-    return out
-
-
-@functools.cache
-def _safetensors_header(path: Path) -> tuple[dict, int]:
-    """A safetensors file's tensors (name -> dtype, shape, data_offsets) and where their data begins."""
-    with path.open("rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
-
-
-def _tensor_span(path: Path, name: str) -> tuple[int, int]:
-    header, base = _safetensors_header(path)
-    start, end = header[name]["data_offsets"]
-    return base + start, end - start
+    return stage_spans(scenario.model, ranges, stage_extras(scenario))
 
 
 def cut_checkpoint(scenario: Scenario, out: Path) -> list[list[str]]:
-    """The scenario's model cut by stage into `out` (agents.weights.shards for a Hugging Face checkpoint; the byte
-    model's tensors copied raw into one safetensors file a stage); per stage, the files its node needs."""
+    """The scenario's model cut by stage into `out` (a Hugging Face checkpoint by agents.weights.shards, a byte
+    model by agents.weights.stages); per stage, the files its node needs."""
     from agents.hf.checkpoint import is_hf
     from agents.zoo.configs import model_config
 
+    ranges = scenario.layer_ranges(model_config(scenario.model).n_layer)
     if is_hf(scenario.model):
         from agents.weights.shards import shard_by_stage  # safetensors.torch: torch, for real bytes only
 
-        return shard_by_stage(Path(scenario.model.removeprefix("hf:")), out,
-                              scenario.layer_ranges(model_config(scenario.model).n_layer))
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for stage, spans in enumerate(checkpoint_spans(scenario)):
-        header, blobs, offset = {}, [], 0
-        for path, name, n_bytes in spans:
-            entry = _safetensors_header(path)[0][name]
-            header[name] = dict(entry, data_offsets=[offset, offset + n_bytes])
-            with path.open("rb") as f:
-                f.seek(_tensor_span(path, name)[0])
-                blobs.append(f.read(n_bytes))
-            offset += n_bytes
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
-        name = f"stage{stage}.safetensors"
-        (out / name).write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
-        files.append([name])
-    return files
+        return shard_by_stage(Path(scenario.model.removeprefix("hf:")), out, ranges, stage_extras(scenario))
+    from agents.weights.stages import cut_byte_model
+
+    return cut_byte_model(scenario.model, ranges, stage_extras(scenario), out)
 
 
-async def measured_phase(scenario: Scenario, shaper_kind: str, dilation: float, log: Callable[[str], None]
-                         ) -> WeightsPhase:
-    """The phase with real bytes: the model cut by stage, served by an origin and fetched by each node over its own
-    link from the origin (distribute: every chunk SHA-256-verified), each node's time beside predict_node_s."""
+async def measured_phase(scenario: Scenario, shaper_kind: str, dilation: float, log: Callable[[str], None],
+                         scratch: Path) -> tuple[WeightsPhase, Fetched]:
+    """The phase with real bytes: the model cut by stage into scratch/origin, served by an origin and fetched by each
+    node over its own link from the origin into scratch/nodes/node<i> (distribute: every chunk SHA-256-verified),
+    each node's time beside predict_node_s."""
     cfg = scenario.weights
     routes = [Route(one_way * 1e3, cfg.down_mbit) for one_way in origin_one_way_s(scenario)]
-    with tempfile.TemporaryDirectory(prefix="geo-ring-weights-") as scratch:
-        origin = Path(scratch) / "origin"
-        files = await trio.to_thread.run_sync(cut_checkpoint, scenario, origin)
-        sizes = [[(origin / name).stat().st_size for name in names] for names in files]
-        manifest_bytes = len(manifest.dumps(manifest.build(origin)))
-        done = await distribute(routes, files, origin, Path(scratch) / "nodes", shaper_kind=shaper_kind,
-                                transport=scenario.transport, streams=cfg.stream_count, dilation=dilation, log=log)
+    origin = scratch / "origin"
+    files = await trio.to_thread.run_sync(cut_checkpoint, scenario, origin)
+    sizes = [[(origin / name).stat().st_size for name in names] for names in files]
+    entries = await trio.to_thread.run_sync(manifest.build, origin)
+    done = await distribute(routes, files, origin, scratch / "nodes", shaper_kind=shaper_kind,
+                            transport=scenario.transport, streams=cfg.stream_count, dilation=dilation, log=log)
     predicted = tuple(predict_node_s(route, size, cfg.stream_count, scenario.transport, shaper_kind == "netem",
-                                     manifest_bytes, manifest.CHUNK_BYTES) for route, size in zip(routes, sizes))
-    return WeightsPhase(done.backend, "measured", cfg.origin, cfg.strategy, cfg.stream_count, scenario.transport,
-                        tuple(st.name for st in scenario.stages), tuple(sum(s) for s in sizes),
-                        tuple(n.seconds for n in done.nodes), predicted, dilation)
+                                     len(manifest.dumps(entries)), manifest.CHUNK_BYTES)
+                      for route, size in zip(routes, sizes))
+    phase = WeightsPhase(done.backend, "measured", cfg.origin, cfg.strategy, cfg.stream_count, scenario.transport,
+                         tuple(st.name for st in scenario.stages), tuple(sum(s) for s in sizes),
+                         tuple(n.seconds for n in done.nodes), predicted, dilation)
+    return phase, Fetched(scratch, files, entries)
 
 
-async def first_phase(scenario: Scenario, shaper, dilation: float, log: Callable[[str], None]) -> WeightsPhase | None:
-    """[weights] before the agents start (None where the scenario has none): modelled on a simulated backend,
-    measured with real bytes on the relay or netem; its lines printed."""
-    if scenario.weights is None:
-        return None
-    phase = (modelled_phase(scenario, shaper.name) if shaper.in_process
-             else await measured_phase(scenario, shaper.name, dilation, log))
-    for line in phase.lines():
-        log(line)
-    return phase
+@contextlib.asynccontextmanager
+async def first_phase(scenario: Scenario, shaper, dilation: float, log: Callable[[str], None]
+                      ) -> AsyncIterator[tuple[WeightsPhase | None, tuple[str, ...]]]:
+    """[weights] before the agents start: (the phase, each stage's directory of verified weights for its agent) for
+    as long as the context lasts, then the fetched files are gone (on every exit path). No [weights]: (None, ()).
+    On a simulated backend the phase is modelled and moves no bytes: its agents keep the model's own weights (no
+    directories). On the relay or netem it is measured with real bytes, and each stage's agent loads what its
+    node fetched (stage_dirs). Its lines printed."""
+    if scenario.weights is None or shaper.in_process:
+        phase = None if scenario.weights is None else modelled_phase(scenario, shaper.name)
+        for line in phase.lines() if phase else ():
+            log(line)
+        yield phase, ()
+        return
+    with tempfile.TemporaryDirectory(prefix="geo-ring-weights-") as scratch:
+        phase, fetched = await measured_phase(scenario, shaper.name, dilation, log, Path(scratch))
+        for line in phase.lines():
+            log(line)
+        dirs = await trio.to_thread.run_sync(stage_dirs, scenario, fetched)
+        if any(dirs):
+            log(f"weights: each stage serves from its verified shard, under {scratch} until the run ends")
+        yield phase, dirs
 
 
 def weights_metrics(phase: WeightsPhase | None) -> Iterator[Metric]:
