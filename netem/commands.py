@@ -84,6 +84,8 @@ def network_commands(plan: NetworkPlan) -> list[str]:
                                       if q.rate_bytes_s else "")
         lines.append(_in(q.namespace, f"tc qdisc add dev {q.ifname} root handle {_handle(q.handle)} netem "
                                       f"{netem_arguments(q)}") + why)
+        if q.loss_pct > 0:  # netem drops segments, not GSO packets (netem.kernel.segment_packets)
+            lines.append(_in(q.namespace, f"ip link set dev {q.ifname} gso_max_segs 1"))
     for q in plan.ack_qdiscs:
         lines.append(_in(q.namespace, f"tc qdisc add dev {q.ifname} root handle {_handle(q.handle)} netem "
                                       f"{netem_arguments(q)}") + f"  # the ACKs of link {q.link.dst}->{q.link.src}")

@@ -187,6 +187,8 @@ def verify(q: NetemPlan, got: dict | None) -> list[str]:
     check("limit", q.limit_packets, got["limit"], 0)
     check("loss_pct", q.loss_pct, got["loss_pct"], 1e-6)
     check("rate_bytes_s", q.rate_bytes_s, got["rate_bytes_s"], 0)
+    if q.loss_pct > 0:  # one segment a packet, so netem drops segments (netem.kernel.segment_packets)
+        check("gso_max_segs", 1, got.get("gso_max_segs"), 0)
     return problems
 
 

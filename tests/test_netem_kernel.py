@@ -31,7 +31,7 @@ import trio
 from testbed.core.records import LinkSpec
 from netem.clean import clean
 from netem.kernel import KernelShaper
-from netem.netlink import read_links, read_qdisc, read_routes
+from netem.netlink import ipr_in, read_links, read_qdisc, read_routes
 from netem.nsutil import in_namespace, read_offloads, read_sysctl
 from netem.plan import HEADER_RATE_FACTOR, INITIAL_WINDOW_SEGMENTS, MTU_BYTES, is_testbed_name, run_prefix
 from testbed.core.errors import ShapingError
@@ -104,6 +104,9 @@ async def test_qdiscs_read_back_match_the_config():
                 assert got["rate_mbit"] == pytest.approx(100_000.0)  # FIFO-only rate (RATE64)
             else:
                 assert got["rate_bytes_s"] == 0
+            with ipr_in(q.namespace) as ipr:  # a lossy link's sender: one segment a packet (segment_packets)
+                segs = ipr.link("get", index=ipr.link_lookup(ifname=q.ifname)[0])[0].get_attr("IFLA_GSO_MAX_SEGS")
+            assert (segs == 1) == (link.loss_pct > 0), (link.name, segs)
             print(f"read back {link.name}: delay {got['delay_us']:.1f} us ({got['delay_ticks']} ticks), "
                   f"jitter {got['jitter_us']:.1f} us, loss {got['loss_pct']:.4f} %, limit {got['limit']}, "
                   f"rate {got['rate_mbit']:g} Mbit/s, seed {got['seed']}")

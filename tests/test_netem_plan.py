@@ -242,6 +242,9 @@ def test_netem_plan_lines_are_tc_commands_with_microseconds_prefix_and_limit():
     (line,) = [l for l in qdisc_lines if f" dev {jittered.ifname} " in l]
     assert "delay 20000us 2000us distribution normal loss 1% rate 104.558mbit" in line  # 100 of payload
     assert line.endswith("# link 1->2: 100 Mbit/s of payload, headers on top")
+    # the lossy link's sender sends one segment a packet (netem drops segments, not GSO packets); the others keep GSO
+    assert [l for l in lines if "gso_max_segs" in l] == [f"ip netns exec {jittered.namespace} ip link set dev "
+                                                         f"{jittered.ifname} gso_max_segs 1"]
 
 
 def test_netem_plan_lines_need_no_root_and_touch_nothing():

@@ -54,7 +54,7 @@ def test_n_connections_are_predicted_as_one_flow_with_n_windows():
 
 def test_lossy_points_print_mathis_beside_the_seeded_model():
     prediction = predict(Point(25.0, 100.0, 0.1, 4 * MiB))
-    assert prediction.predicted_s == prediction.model_s and prediction.how.startswith("TcpFlow")
+    assert prediction.model_s == grid.modelled_s(Point(25.0, 100.0, 0.1, 4 * MiB)) and prediction.how.startswith("TcpFlow")
     mathis_rate = 1448 / 0.05 * (1.5 / 0.001) ** 0.5
     assert prediction.mathis_s == pytest.approx(4 * MiB / mathis_rate + 0.025, rel=1e-9)
 
@@ -65,8 +65,8 @@ def test_the_grid_spans_the_issue_s_ranges_and_leaves_out_long_points_by_name():
     assert min(rtts) == 2 and max(rtts) == 280
     assert {p.rate_mbit for p in points} >= {10, 1000} and {p.loss_pct for p in points} >= {0, 1}
     assert {p.size_bytes for p in points} >= {64 * KiB, 256 * MiB} and {p.connections for p in points} == {1, 4}
-    assert all(predict(p).predicted_s > grid.MAX_POINT_S for p in left) and left
-    assert all(predict(p).predicted_s <= grid.MAX_POINT_S for p in points)
+    assert all(grid.estimate_s(p) > grid.MAX_POINT_S for p in left) and left
+    assert all(grid.estimate_s(p) <= grid.MAX_POINT_S for p in points)
 
 
 def _row(size: int, seconds: float, purpose: str = "cap", rate: float = 1000.0) -> TransferRow:
@@ -131,10 +131,11 @@ def test_the_peer_processes_carry_every_byte_through_the_relay():
     assert all(seconds > 0 for _, _, seconds in rows)
 
 
-def test_a_lossy_point_is_repeated_on_seeds_of_its_own_and_predicted_by_the_model_s_mean_over_them():
+def test_a_lossy_point_is_repeated_on_seeds_of_its_own_and_predicted_by_the_model_s_expectation():
     """A loss-free point is one transfer (deterministic); a lossy one is `repeats`, each over a link with a seed
-    SEED_STRIDE apart (a transfer's k-th connection draws from seed + k, so no two repeats share a stream), and its
-    prediction is the mean of the model over exactly those seeds."""
+    SEED_STRIDE apart (a transfer's k-th connection draws from seed + k, so no two repeats share a stream). Its
+    prediction is the model's mean over MODEL_SEEDS such seeds, with that mean's standard error; the model column
+    is the model on exactly the draws' seeds (the first of them)."""
     clean, lossy = Point(25.0, 100.0, 0.0, 4 * MiB, 4), Point(25.0, 100.0, 0.1, 4 * MiB, 4)
     assert grid.draws(clean, 5) == [clean]
     seeds = [p.seed for p in grid.draws(lossy, 5)]
@@ -143,8 +144,12 @@ def test_a_lossy_point_is_repeated_on_seeds_of_its_own_and_predicted_by_the_mode
     prediction = predict(lossy, 5)
     draws = [grid.modelled_s(p) for p in grid.draws(lossy, 5)]
     assert prediction.model_draws_s == tuple(draws) and len(set(draws)) > 1  # the seeds really draw apart
-    assert prediction.predicted_s == prediction.model_s == pytest.approx(sum(draws) / 5, rel=1e-12)
-    assert prediction.how == "TcpFlow, mean of 5 seeds" and predict(lossy).model_s == draws[0]
+    assert prediction.model_s == pytest.approx(sum(draws) / 5, rel=1e-12)
+    every = grid.expectation(lossy)
+    assert len(every) == grid.MODEL_SEEDS and every[:5] == tuple(draws)
+    assert prediction.predicted_s == pytest.approx(statistics.mean(every), rel=1e-12)
+    assert prediction.predicted_se_s == pytest.approx(statistics.stdev(every) / grid.MODEL_SEEDS ** 0.5, rel=1e-12)
+    assert prediction.how == f"TcpFlow, mean of {grid.MODEL_SEEDS} seeds" and predict(lossy).model_s == draws[0]
 
 
 def test_repeats_run_over_links_of_their_own_and_the_row_holds_their_mean_and_spread(monkeypatch):
@@ -169,20 +174,23 @@ def test_repeats_run_over_links_of_their_own_and_the_row_holds_their_mean_and_sp
     one, mean = rows
     assert one.repeats == 1 and one.measured_s == 0.2 and one.measured_draws_s == ()
     assert mean.measured_draws_s == (0.30, 0.50, 0.40) and mean.measured_s == pytest.approx(0.40)
-    assert mean.model_draws_s == predict(lossy, 3).model_draws_s and mean.predicted_s == predict(lossy, 3).model_s
+    assert mean.model_draws_s == predict(lossy, 3).model_draws_s and mean.model_s == predict(lossy, 3).model_s
+    assert mean.predicted_s == predict(lossy).predicted_s and mean.predicted_se_s == predict(lossy).predicted_se_s > 0
     assert mean.measured_se_s == pytest.approx(0.1 / 3 ** 0.5)
-    model_se = statistics.stdev(mean.model_draws_s) / 3 ** 0.5
     ratio = 0.40 / mean.predicted_s
-    expected = ratio * math.hypot(mean.measured_se_s / 0.40, model_se / mean.predicted_s) * 100
+    expected = ratio * math.hypot(mean.measured_se_s / 0.40, mean.predicted_se_s / mean.predicted_s) * 100
     assert mean.error_se_pct == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_repeated_row_prints_its_mean_with_its_standard_error_and_range():
     from testbed.studies.transport.cells import error_cell, measured_cell, time_cell
 
+    from testbed.studies.transport.cells import predicted_cell
+
     row = TransferRow("netem", "grid", 25.0, 100.0, 0.1, MiB, 1, 0.4, "", 0.4, None, 0.4, "", (0.3, 0.5, 0.4),
-                      (0.4, 0.4, 0.4))
+                      (0.4, 0.4, 0.4), 0.01)
     assert measured_cell(row) == f"0.4000 ±{0.1 / 3 ** 0.5:.4f} [0.3000-0.5000]"
+    assert predicted_cell(row) == "0.4000 ±0.0100"
     assert error_cell(row) == f"+0.00 ±{row.error_se_pct:.2f}" and row.error_se_pct > 0
     assert time_cell(0.25) == "0.2500" and time_cell(0.25, (0.25,)) == "0.2500"
 

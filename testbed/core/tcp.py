@@ -26,6 +26,12 @@ The model (one direction of one connection; bytes, seconds):
                delivered a round trip later (fast retransmit: the retransmission's round, everything after it held
                in order), and the window halves (Reno: ssthresh = cwnd / 2, then congestion avoidance: one MSS a
                round). Over many rounds this is the sawtooth behind Mathis' rate, MSS / RTT x sqrt(3/2) / sqrt(p).
+               Linux's Reno with SACK and RACK does the same where it costs: one halving a lossy window
+               (ssthresh = cwnd / 2), then one MSS a round, so a loss early in slow start leaves a long climb and
+               a transfer's time is heavy-tailed; SACK retransmits only the lost segments, which the round's delay
+               stands for. Checked against the kernel as an expectation (the mean over hundreds of seeds against
+               the kernel's mean over tens of draws, testbed.studies.transport), with netem dropping single
+               segments (the transport study's harness sets gso_max_segs 1: netem on a GSO packet drops a burst).
 
 Congestion control is Reno: the netem backend sets it in each namespace of a `kernel` run
 (net.ipv4.tcp_congestion_control), so the kernel runs what is modelled. Loss-free, Reno and Linux's default CUBIC

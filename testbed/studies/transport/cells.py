@@ -27,7 +27,10 @@ def error_cell(row: TransferRow) -> str:
 
 
 def predicted_cell(row: TransferRow, fmt: str = ".4f") -> str:
-    return time_cell(row.predicted_s, row.model_draws_s, fmt)
+    """The prediction; a lossy one's (the model's mean over its seeds) "mean ±se"."""
+    if not row.predicted_se_s:
+        return time_cell(row.predicted_s, (), fmt)
+    return f"{row.predicted_s:{fmt}} ±{row.predicted_se_s:{fmt}}"
 
 
 def measured_cell(row: TransferRow, fmt: str = ".4f") -> str:

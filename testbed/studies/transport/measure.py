@@ -12,7 +12,8 @@ A real backend's first transfers are its ceiling (no delay, no rate limit, 64 Mi
 inside user-mode-linux the guest's per-byte cost) and its floor (the same, 64 KiB: its own cost a transfer), and a
 point whose link is faster than the ceiling, or whose predicted time the floor is over FLOOR_SHARE of, is marked
 with that figure, not fitted. A lossy point is --repeats transfers, each over a link with a seed of its own
-(grid.draws), and its row holds their mean beside the model's mean over the same seeds, each draw kept. From
+(grid.draws), and its row holds their mean and standard error beside the model's expectation (its mean over
+grid.MODEL_SEEDS seeds, with its standard error), each draw kept beside the model on the same seed. From
 the rows: the window's cap (the plateau of one stream at RTT 280 ms between two large sizes, rate x RTT) and slow
 start's rounds at small sizes (the time less the one way and the bytes at the rate, in RTTs).
 """
@@ -77,7 +78,8 @@ def _row(backend: str, point: Point, seconds: Sequence[float], ceiling_mbit: flo
     return TransferRow(backend, point.purpose, point.delay_ms, point.rate_mbit, point.loss_pct, point.size_bytes,
                        point.connections, prediction.predicted_s, prediction.how, prediction.model_s,
                        prediction.mathis_s, sum(seconds) / len(seconds), limited,
-                       tuple(seconds) if repeated else (), prediction.model_draws_s if repeated else ())
+                       tuple(seconds) if repeated else (), prediction.model_draws_s if repeated else (),
+                       prediction.predicted_se_s)
 
 
 def _own_figures(kind: str, log) -> tuple[float, float]:
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace, console) -> TransportResult:
         raise ConfigError(f"expected a whole number of transfers of at least 1, got {repeats!r}", key="--repeats")
     points, left = grids.grid(bool(args.quick), float(args.max_point_s))
     log = log_to(console)
-    left_out = tuple(f"{describe(p)}: predicted {predict(p).predicted_s:.1f} s, over --max-point-s" for p in left)
+    left_out = tuple(f"{describe(p)}: estimated {grids.estimate_s(p):.1f} s, over --max-point-s" for p in left)
     rows: list[TransferRow] = []
     figures = []
     for kind in shapers:

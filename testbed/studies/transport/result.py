@@ -21,7 +21,8 @@ def standard_error(values: Sequence[float]) -> float:
 class TransferRow(JsonRecord):
     """One transfer on one backend: S bytes on n fresh connections over one link, predicted and measured. A lossy
     point is the mean of its repeats: each draw's measured and modelled times are kept, in seed order (repeat i on
-    seed i x grid.SEED_STRIDE), and predicted_s, model_s and measured_s are their means."""
+    seed i x grid.SEED_STRIDE), and model_s and measured_s are their means; its predicted_s is the model's
+    expectation (its mean over grid.MODEL_SEEDS seeds), with that mean's standard error."""
 
     backend: str
     purpose: str  # grid, cap, slow start (testbed.studies.transport.grid.Point.purpose)
@@ -38,6 +39,7 @@ class TransferRow(JsonRecord):
     limited: str = ""  # "": fitted; else why not (the link's rate is over what the backend itself carries)
     measured_draws_s: tuple[float, ...] = ()  # a repeated point's every measured time (empty: one transfer)
     model_draws_s: tuple[float, ...] = ()  # and the model's, each on the same seed
+    predicted_se_s: float = 0.0  # a lossy prediction's standard error (the model's mean over its seeds)
 
     @property
     def rtt_ms(self) -> float:
@@ -65,10 +67,10 @@ class TransferRow(JsonRecord):
 
     @property
     def error_se_pct(self) -> float:
-        """The error's standard error, in points of percent: the two means' relative standard errors combined (the
-        measured and the modelled draws are independent), scaled by the ratio."""
+        """The error's standard error, in points of percent: the measured mean's and the prediction's relative
+        standard errors combined (the kernel's draws and the model's seeds are independent), scaled by the ratio."""
         ratio = self.measured_s / self.predicted_s
-        return ratio * math.hypot(self.measured_se_s / self.measured_s, self.model_se_s / self.predicted_s) * 100
+        return ratio * math.hypot(self.measured_se_s / self.measured_s, self.predicted_se_s / self.predicted_s) * 100
 
 
 @dataclass(frozen=True)
