@@ -29,16 +29,23 @@ def search(far: str, slo: str = "ttft:2000 tpot:1000"):
     raw = {"model": "llama-3.1-70b", "objective": "goodput", "context": 4096,
            "speculation": {"draft": "llama-3.1-8b", "alpha": 0.8, "modes": ["off", "sync"]},
            "constraints": {"head_region": "virginia"},
-           "workload": {"prompt_tokens": 256, "output_tokens": 32, "goodput": slo, "requests": 300,
+           "workload": {"prompt_tokens": 256, "output_tokens": 128, "goodput": slo, "requests": 300,
                         "streams": list(CAPS)},
            "machines": [machine("va", "virginia"), machine("far", far)]}
     return searched(spec_from_dict(raw, "test"))
 
 
 def per_token_s(space, candidate, batch: int) -> float:
-    """The roofline's lap of a full batch over the tokens a request keeps a lap: L(b) plain, L_spec(b) / Gamma."""
-    model = goodput.ring_model(space, replace(candidate, cap=batch), space.spec.workload)
-    return model.lap_s(batch) / model.tokens_per_lap
+    """A full batch's lap over the tokens a request keeps a lap: L(b) plain, L_spec(b) / Gamma; each with the
+    prompts' passes the convoy meets at the knee's rate (every slot busy: b over a request's slot time), which a
+    speculating lap spreads over its Gamma tokens."""
+    w = space.spec.workload
+    model = goodput.ring_model(space, replace(candidate, cap=batch), w)
+    lap = model.lap_s(batch)
+    rate = batch / (model.decode_laps(w.output_tokens) * lap + model.prefill_s(w.prompt_tokens))
+    passes = [stage[0] for stage in model.prompt_passes_s(w.prompt_tokens)]  # each stage's (no chunks here)
+    met = sum(rate * f * f / 2 for f in passes)  # queueing.py's E at the knee
+    return (lap + met) / model.tokens_per_lap
 
 
 def crossover(space, plain, spec) -> int:

@@ -95,7 +95,16 @@ def ring_model(scenario: Scenario) -> RingModel:
         gamma = tokens / mean_laps(tokens, scenario.decode.alpha, k)
     return RingModel(compute_s=one + k * scenario.decode.draft_ms / 1e3, per_token_s=two - one,
                      t_ring_s=scenario.t_ring_s, cap=cap_of(scenario),
-                     ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens), tokens_per_lap=gamma)
+                     ttft_s=lambda prompt_tokens: prefill_s(scenario, prompt_tokens), tokens_per_lap=gamma,
+                     prompt_passes_s=lambda prompt_tokens: prompt_passes_s(scenario, prompt_tokens))
+
+
+def prompt_passes_s(scenario: Scenario, prompt_tokens: int) -> list[list[float]]:
+    """Each stage's passes over a prompt (one a chunk, with decode.prefill_chunk): what a convoy meets on its way."""
+    chunk = scenario.decode.prefill_chunk
+    step = chunk if 0 < chunk < prompt_tokens else prompt_tokens
+    return [[st.cost_ms(min(step, prompt_tokens - pos), 1, min(pos + step, prompt_tokens)) / 1e3
+             for pos in range(0, prompt_tokens, step)] for st in scenario.stages]
 
 
 def describe(settings: ServeSettings, cap: int) -> str:

@@ -123,9 +123,13 @@ def ring_model(space: Space, c: Candidate, w: Workload) -> RingModel:
         draft_one, draft_full = (c.k * draft_s(space, c.stages[0], b, context) for b in (1, full))
         gamma = tokens / mean_laps(tokens, space.spec.alpha, c.k) if tokens > 0 else 1.0
     one = pass_s(n, 1, context) + draft_one
+    def prompt_passes_s(prompt: int) -> list[list[float]]:
+        return [[roof.seconds(prompt, 1, prompt) + space.allreduce_s(r, layers, prompt)]
+                for roof, (_, layers, r) in zip(roofs, parts)]
+
     return RingModel(compute_s=one, per_token_s=(pass_s(n, full, context) + draft_full - one) / (full - 1),
                      t_ring_s=hops + sum(space.hop_s(c.layers, n, c.wire)), cap=cap, ttft_s=ttft_s,
-                     tokens_per_lap=gamma)
+                     tokens_per_lap=gamma, prompt_passes_s=prompt_passes_s)
 
 
 def draft_s(space: Space, kind: int, batch: int, context: float) -> float:
