@@ -25,6 +25,7 @@ from testbed.scenario.config import Scenario
 from testbed.studies.base import dilation_of, ensure_models_on, log_to
 from testbed.studies.search.space import Candidate, Frames, Scored, Space
 from testbed.studies.search import goodput
+from testbed.studies.search.draws import draws_text, finite_run
 from testbed.studies.search.scenarios import build, ring_text
 from testbed.studies.search.spec import PER_DOLLAR, SERVING, SearchSpec, load_spec
 
@@ -95,6 +96,17 @@ class Confirmation(JsonRecord):
     shaper: str
     dilation: float = 1.0  # the run's time dilation (1 on virtual time)
     capped_error_pct: float | None = None  # where the budget capped D: the error its overhead leaves on the rate
+    # synchronous speculation: the search's rate for a run of this many tokens (its last round's surplus dropped),
+    # and the relative spread (%) the acceptance draws give that run's rate (the law of its rounds: lap_law)
+    finite_tok_s: float | None = None
+    draw_sd_pct: float | None = None
+
+    @property
+    def draw_z(self) -> float | None:
+        """Measured against the finite run's expected rate, in the draws' standard deviations."""
+        if self.finite_tok_s is None or not self.draw_sd_pct:
+            return None
+        return (self.measured_tok_s / self.finite_tok_s - 1) * 100 / self.draw_sd_pct
 
     @property
     def error_pct(self) -> float:
@@ -336,9 +348,9 @@ async def confirm(spec: SearchSpec, space: Space, scored: Sequence[Scored], n: i
         measured = part.measured_tok_s if part is not None else summary.measured_tok_s
         own = part.predicted_tok_s if part is not None else s.tok_s
         out.append(Confirmation(rank, ring_text(spec, c), decode, s.tok_s, measured, own, summary.shaper,
-                                **dilation_of(summary)))
+                                **dilation_of(summary), **finite_run(spec, c, s.tok_s)))
         log(f"      measured {measured:.3f} tok/s, predicted {s.tok_s:.3f} ({out[-1].vs_search_pct:+.2f}%), the "
-            f"run's own form {own:.3f} ({out[-1].error_pct:+.2f}%)")
+            f"run's own form {own:.3f} ({out[-1].error_pct:+.2f}%)" + draws_text(out[-1], spec.tokens))
     return out
 
 
