@@ -16,7 +16,7 @@ client-server one: peers can help only where several nodes need the same bytes (
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from testbed.core.tcp import TcpParams, cold_transfer_s, window_limited_rate
 
@@ -71,6 +71,19 @@ def water_fill(caps: Sequence[float], capacity: float) -> list[float]:
         left -= rates[i]
         remaining -= 1
     return rates
+
+
+def streams_ready_s(sizes: Sequence[float], downlinks: Sequence[float], origin_up: float, streams: int,
+                    params: Callable[[int, float], TcpParams], one_way_s: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Every node pulling its shard from one origin over `streams` connections: (each node's first rate, each node's
+    ready time). The fluid schedule of each node's cap (its downlink, or the streams' windows over its round trip:
+    params(node, rate)) on the origin's uplink, slow start's lag on each stream's first share, and the last chunk's
+    one-way delay. The weights study's streams strategies and a run's [weights] phase both predict with it."""
+    caps = [stream_cap(d, streams, params(i, d)) for i, d in enumerate(downlinks)]
+    first = water_fill(caps, origin_up)
+    ready = [t + slow_start_lag_s(f / streams, params(i, r / streams)) + one_way_s[i]
+             for i, (t, f, r) in enumerate(zip(fair_share_finish_s(sizes, caps, origin_up), sizes, first))]
+    return first, ready
 
 
 def slow_start_lag_s(n_bytes: float, params: TcpParams) -> float:

@@ -40,7 +40,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agents.weights import manifest
 from testbed.core import tcp
 from testbed.core.channel import LineReader
-from testbed.core.distribution import fair_share_finish_s, slow_start_lag_s, stream_cap, water_fill
+from testbed.core.distribution import streams_ready_s
 from testbed.core.errors import ConfigError, ShapingError
 from testbed.core.jsonrecord import JsonRecord
 from testbed.core.process import stop_process
@@ -245,13 +245,21 @@ def origin_one_way_s(scenario: Scenario, back: bool = False) -> list[float]:
 def shard_bytes(scenario: Scenario) -> list[int]:
     """Each stage's shard: its share of the [geometry] (the weights study's shards), else of the model's checkpoint
     (the bytes the relay moves)."""
-    geometry, stages = scenario.geometry, list(scenario.stages)
-    if geometry is None:
+    if scenario.geometry is None:
         return [sum(len_ for _, _, len_ in spans) for spans in checkpoint_spans(scenario)]
+    return [n_bytes for _, n_bytes in geometry_shards(scenario)]
+
+
+def geometry_shards(scenario: Scenario) -> list[tuple[StageShare, int]]:
+    """Each stage's share of the scenario's [geometry] (its layers split as the scenario splits them; a separate
+    head's agent holds the head's matrix) and its resident bytes."""
+    geometry, stages = scenario.geometry, list(scenario.stages)
+    assert geometry is not None
     head_stage = {"entry": 0, "last": len(stages) - 1}.get(scenario.placement.head)
     split = emulated_split(geometry, stages, head_stage, scenario.source)
-    return [round(resident_bytes(geometry, StageShare(0, True) if st.is_head else share,
-                                 entry=i == 0 and not st.is_head)) for i, (st, share) in enumerate(zip(stages, split))]
+    shares = [StageShare(0, True) if st.is_head else share for st, share in zip(stages, split, strict=True)]
+    return [(share, round(resident_bytes(geometry, share, entry=i == 0 and not st.is_head)))
+            for i, (st, share) in enumerate(zip(stages, shares))]
 
 
 def predict_ring_s(scenario: Scenario, sizes: list[int]) -> list[float]:
@@ -268,10 +276,7 @@ def predict_ring_s(scenario: Scenario, sizes: list[int]) -> list[float]:
     def params(i: int, rate: float) -> tcp.TcpParams:  # the kernel's windows, or none ("tuned")
         return tcp.TcpParams(rtts[i], rate) if kernel else tcp.TcpParams(rtts[i], rate, math.inf, math.inf)
 
-    caps = [stream_cap(down, p, params(i, down)) for i in range(len(sizes))]
-    first = water_fill(caps, up)
-    return [t + slow_start_lag_s(f / p, params(i, r / p)) + one_way[i]
-            for i, (t, f, r) in enumerate(zip(fair_share_finish_s(sizes, caps, up), sizes, first))]
+    return streams_ready_s(sizes, [down] * len(sizes), up, p, params, one_way)[1]
 
 
 def modelled_phase(scenario: Scenario, backend: str) -> WeightsPhase:

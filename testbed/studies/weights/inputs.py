@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from testbed.core.errors import ConfigError
 from testbed.core.tcp import INITIAL_WINDOW_SEGMENTS, KERNEL_WINDOW_CAP_BYTES, MSS_BYTES, RTO_MIN_S, TRANSPORTS
 from testbed.deploy import regions as region_catalog
-from testbed.deploy.rules import StageShare, emulated_split, resident_bytes
+from testbed.launch.weights import geometry_shards
 from testbed.scenario.config import Scenario
 from testbed.studies.weights.simulate import Network, Node
 
@@ -43,15 +43,8 @@ def shards(scenario: Scenario) -> list[Shard]:
     if geometry is None:
         raise ConfigError("the weights study needs a [geometry] (the model whose shards the nodes load), e.g. "
                           '--set geometry.preset="seed-700b"', source=scenario.source, key="geometry")
-    stages = list(scenario.stages)
-    head_stage = {"entry": 0, "last": len(stages) - 1}.get(scenario.placement.head)
-    split = emulated_split(geometry, stages, head_stage, scenario.source)
-    out = []
-    for i, (st, share) in enumerate(zip(stages, split, strict=True)):
-        share = StageShare(0, True) if st.is_head else share  # a separate head's agent holds the head's matrix
-        out.append(Shard(st.name, share.layers, share.head,
-                         round(resident_bytes(geometry, share, entry=i == 0 and not st.is_head))))
-    return out
+    return [Shard(st.name, share.layers, share.head, n_bytes)
+            for st, (share, n_bytes) in zip(scenario.stages, geometry_shards(scenario))]
 
 
 def node_regions(scenario: Scenario, given: list[str] | None) -> list[str]:

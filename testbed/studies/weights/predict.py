@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from testbed.core.distribution import (client_server_bound_s, fair_share_finish_s, p2p_bound_s, slow_start_lag_s,
-                                       stream_cap, water_fill)
+from testbed.core.distribution import client_server_bound_s, p2p_bound_s, streams_ready_s
 from testbed.core.tcp import TcpParams, window_limited_rate
 from testbed.studies.weights.simulate import ORIGIN, Network, Strategy, distinct_bytes, origin_assists
 
@@ -57,12 +56,10 @@ def predict_streams(net: Network, strategy: Strategy) -> Prediction:
     """Every node pulls its shard from the origin over P streams: the fluid schedule of their caps on u_s."""
     p = strategy.origin_streams
     sizes = [nd.shard_bytes for nd in net.nodes]
-    caps = [stream_cap(nd.down_bytes_s, p, path_params(net, ORIGIN, i, nd.down_bytes_s))
-            for i, nd in enumerate(net.nodes)]
-    finish = fair_share_finish_s(sizes, caps, net.origin_up_bytes_s)
-    first = water_fill(caps, net.origin_up_bytes_s)
-    node_s = tuple(t + slow_start_lag_s(f / p, path_params(net, ORIGIN, i, r / p)) + net.one_way_s[ORIGIN][i + 1]
-                   for i, (t, f, r) in enumerate(zip(finish, sizes, first)))
+    first, ready = streams_ready_s(sizes, [nd.down_bytes_s for nd in net.nodes], net.origin_up_bytes_s, p,
+                                   lambda i, rate: path_params(net, ORIGIN, i, rate),
+                                   [net.one_way_s[ORIGIN][i + 1] for i in range(len(net.nodes))])
+    node_s = tuple(ready)
     bound = client_server_bound_s(sizes, net.origin_up_bytes_s, [nd.down_bytes_s for nd in net.nodes])
     return Prediction(tuple(first), node_s, max(node_s), bound, "client-server", 0.0)
 
